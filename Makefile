@@ -1,0 +1,44 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+export RAY_USAGE_STATS_ENABLED := 0
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: venv demo test test-fast stress bench lint clean chromium
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch pinned exactly: a CPU wheel on this machine; never a plain `torch` requirement.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[torch,data,ray,test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/trainstore demo
+
+# Headless Chromium for the report test (Debian's package; skipped when not installable).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: report browser test will skip"
+
+test: $(STAMP) chromium
+	$(PY) -m pytest -q -m "not slow and not stress" -p no:cacheprovider
+
+stress: $(STAMP)
+	$(PY) -m pytest -q -m "stress or slow" -p no:cacheprovider
+
+bench: $(STAMP)
+	$(PIP) install -q -r benchmarks/requirements.txt
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint:
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""The ``trainstore`` command line."""

@@ -1,0 +1,73 @@
+"""``trainstore store ls|du``: look into any store URL."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..store import open_store
+from .common import console, emit_json, handle_errors, store_options
+
+store_app = typer.Typer(help="Inspect a store (local path, file://, s3://, gs://, az://).", no_args_is_help=True)
+
+EndpointOpt = typer.Option(None, "--endpoint", help="S3 endpoint URL (e.g. http://127.0.0.1:9000)")
+RegionOpt = typer.Option(None, "--region", help="S3 region")
+HttpOpt = typer.Option(None, "--allow-http/--no-allow-http", help="allow plain http endpoints")
+
+
+@store_app.command("ls")
+@handle_errors
+def ls(
+    url: str,
+    prefix: str = typer.Option("", "--prefix", "-p", help="only keys starting with this"),
+    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+    endpoint: Optional[str] = EndpointOpt,
+    region: Optional[str] = RegionOpt,
+    allow_http: Optional[bool] = HttpOpt,
+) -> None:
+    """List the objects of a store."""
+    store = open_store(url, **store_options(endpoint, region, allow_http))
+    metas = sorted(store.list(prefix), key=lambda m: m.key)
+    if json_out:
+        emit_json([{"key": m.key, "size": m.size, "mtime": m.mtime} for m in metas])
+        return
+    table = Table("key", "size", title=store.url)
+    for m in metas:
+        table.add_row(m.key, f"{m.size:,}")
+    console.print(table)
+
+
+@store_app.command("du")
+@handle_errors
+def du(
+    url: str,
+    depth: int = typer.Option(1, "--depth", "-d", help="group keys by this many path segments"),
+    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+    endpoint: Optional[str] = EndpointOpt,
+    region: Optional[str] = RegionOpt,
+    allow_http: Optional[bool] = HttpOpt,
+) -> None:
+    """Bytes and object counts per top-level prefix."""
+    store = open_store(url, **store_options(endpoint, region, allow_http))
+    sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for m in store.list(""):
+        group = "/".join(m.key.split("/")[:depth])
+        sizes[group][0] += m.size
+        sizes[group][1] += 1
+    rows = sorted(sizes.items())
+    total = sum(v[0] for _, v in rows)
+    if json_out:
+        emit_json({"url": store.url, "total_bytes": total,
+                   "groups": [{"prefix": k, "bytes": v[0], "objects": v[1]} for k, v in rows]})
+        return
+    table = Table("prefix", "bytes", "objects", title=f"{store.url}: {total:,} bytes")
+    for k, (b, n) in rows:
+        table.add_row(k, f"{b:,}", f"{n:,}")
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(store_app, name="store")

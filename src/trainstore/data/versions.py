@@ -1,0 +1,245 @@
+"""Dataset versions: the manifest that makes a set of shards a published, immutable dataset.
+
+Layout in a store::
+
+    datasets/<name>/versions/<NNNNNN>.json   manifest, written last with put_if_absent
+    datasets/<name>/shards/<file>            Parquet (raw, cleaned) or Arrow IPC (features)
+
+A version exists only once its manifest is committed; shards not named by any manifest are
+garbage. Every shard records its BLAKE3 checksum, verified on read by ``read_shard``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ..chunks import content_hash
+from ..errors import AlreadyExistsError, ConfigError, IntegrityError, ManifestError, NotFoundError
+from ..store.base import Buffer, Store
+
+FORMAT = "trainstore.dataset/1"
+LAYOUTS = ("parquet", "arrow-ipc")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"dataset name must match {_NAME.pattern}, got {name!r}")
+    return name
+
+
+def versions_prefix(name: str) -> str:
+    return f"datasets/{check_name(name)}/versions/"
+
+
+def shards_prefix(name: str) -> str:
+    return f"datasets/{check_name(name)}/shards/"
+
+
+def schema_to_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_b64(text: str) -> pa.Schema:
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
+    except Exception as exc:
+        raise ManifestError(f"dataset schema does not parse: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard of a version: where it is, how many rows, its size and checksum."""
+
+    key: str
+    rows: int
+    bytes: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class DatasetVersion:
+    """A committed, immutable dataset version."""
+
+    name: str
+    version: int
+    layout: str
+    schema: pa.Schema
+    shards: tuple[ShardInfo, ...]
+    parents: tuple[str, ...] = ()  # "name@version" of each input
+    operation: str = "ingest"
+    config: dict[str, Any] = field(default_factory=dict)
+    config_hash: str = ""
+    code_version: str | None = None
+    created: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "version": self.version,
+            "layout": self.layout,
+            "schema": schema_to_b64(self.schema),
+            "shards": [asdict(s) for s in self.shards],
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "parents": list(self.parents),
+            "operation": self.operation,
+            "config": self.config,
+            "config_hash": self.config_hash,
+            "code_version": self.code_version,
+            "created": self.created,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "") -> DatasetVersion:
+        try:
+            if obj.get("format") != FORMAT:
+                raise ManifestError(f"dataset manifest {where}: unknown format {obj.get('format')!r}")
+            shards = []
+            for s in obj["shards"]:
+                info = ShardInfo(str(s["key"]), int(s["rows"]), int(s["bytes"]), str(s["checksum"]))
+                if info.rows < 0 or info.bytes < 0:
+                    raise ManifestError(f"dataset manifest {where}: negative shard size")
+                shards.append(info)
+            layout = obj["layout"]
+            if layout not in LAYOUTS:
+                raise ManifestError(f"dataset manifest {where}: unknown layout {layout!r}")
+            return cls(
+                name=check_name(obj["name"]),
+                version=int(obj["version"]),
+                layout=layout,
+                schema=schema_from_b64(obj["schema"]),
+                shards=tuple(shards),
+                parents=tuple(obj.get("parents", ())),
+                operation=str(obj.get("operation", "")),
+                config=dict(obj.get("config", {})),
+                config_hash=str(obj.get("config_hash", "")),
+                code_version=obj.get("code_version"),
+                created=float(obj.get("created", 0.0)),
+                extra=dict(obj.get("extra", {})),
+            )
+        except ManifestError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"dataset manifest {where} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    """'name' or 'name@N' -> (name, N or None for latest)."""
+    name, sep, ver = ref.partition("@")
+    if not sep:
+        return check_name(name), None
+    try:
+        return check_name(name), int(ver)
+    except ValueError:
+        raise ConfigError(f"dataset reference {ref!r}: version must be an integer") from None
+
+
+def list_versions(store: Store, name: str) -> list[int]:
+    """Committed version numbers of ``name``, ascending."""
+    out = []
+    for meta in store.list(versions_prefix(name)):
+        stem = meta.key.rsplit("/", 1)[-1]
+        if stem.endswith(".json") and stem[:-5].isdigit():
+            out.append(int(stem[:-5]))
+    return sorted(out)
+
+
+def list_datasets(store: Store) -> list[str]:
+    names = set()
+    for meta in store.list("datasets/"):
+        parts = meta.key.split("/")
+        if len(parts) >= 4 and parts[2] == "versions":
+            names.add(parts[1])
+    return sorted(names)
+
+
+def load_version(store: Store, name: str, version: int | None = None) -> DatasetVersion:
+    """The manifest of ``name@version`` (latest when ``version`` is None)."""
+    if version is None:
+        versions = list_versions(store, name)
+        if not versions:
+            raise NotFoundError(f"dataset {name!r} has no committed version in {store.url}")
+        version = versions[-1]
+    key = f"{versions_prefix(name)}{version:06d}.json"
+    try:
+        raw = store.get(key)
+    except NotFoundError:
+        raise NotFoundError(f"dataset version {name}@{version} not found in {store.url}") from None
+    try:
+        obj = json.loads(bytes(raw))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"dataset manifest {key} is not valid JSON: {exc}") from None
+    return DatasetVersion.from_json(obj, where=key)
+
+
+def commit_version(store: Store, version: DatasetVersion) -> DatasetVersion:
+    """Publish ``version`` atomically (put_if_absent); ``AlreadyExistsError`` if taken."""
+    if version.created == 0.0:
+        version = DatasetVersion(**{**version.__dict__, "created": time.time()})
+    key = f"{versions_prefix(version.name)}{version.version:06d}.json"
+    data = json.dumps(version.to_json(), sort_keys=True).encode()
+    try:
+        store.put_if_absent(key, data)
+    except AlreadyExistsError:
+        raise AlreadyExistsError(f"dataset version {version.id} already exists in {store.url}") from None
+    return version
+
+
+def next_version(store: Store, name: str) -> int:
+    versions = list_versions(store, name)
+    return versions[-1] + 1 if versions else 1
+
+
+def verify_shard_bytes(info: ShardInfo, data: Buffer) -> None:
+    """Raise ``IntegrityError`` naming the shard if ``data`` is not what the manifest says."""
+    n = memoryview(data).nbytes
+    if n != info.bytes:
+        raise IntegrityError(f"shard {info.key}: {n} bytes, manifest says {info.bytes}")
+    if content_hash(data) != info.checksum:
+        raise IntegrityError(f"shard {info.key}: checksum mismatch (corrupted)")
+
+
+def read_shard(store: Store, info: ShardInfo) -> Buffer:
+    """Whole shard bytes, verified against the manifest."""
+    data = store.get(info.key)
+    verify_shard_bytes(info, data)
+    return data
+
+
+def iter_lineage(store: Store, ref: str) -> Iterator[DatasetVersion]:
+    """The version and all its ancestors, depth first."""
+    seen: set[str] = set()
+    stack = [ref]
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        name, ver = parse_ref(cur)
+        v = load_version(store, name, ver)
+        yield v
+        stack.extend(reversed(v.parents))

@@ -1,0 +1,81 @@
+"""The error hierarchy: every failure trainstore reports is a ``TrainstoreError``.
+
+Each class also inherits the matching built-in exception, so callers that already catch
+``FileNotFoundError`` or ``ValueError`` keep working, while callers that want to handle
+"anything trainstore said no to" catch ``TrainstoreError``. Messages name what was wrong
+and where (the key, the URL, the path in a state dict).
+"""
+
+from __future__ import annotations
+
+
+class TrainstoreError(Exception):
+    """Root of every error trainstore raises on purpose."""
+
+
+class ConfigError(TrainstoreError, ValueError):
+    """A bad argument, URL, option or configuration value."""
+
+
+class InvalidKeyError(TrainstoreError, ValueError):
+    """A store key that is malformed or would escape the store's prefix."""
+
+
+class NotFoundError(TrainstoreError, FileNotFoundError):
+    """An object, checkpoint, dataset version, model or alias that does not exist."""
+
+
+class AlreadyExistsError(TrainstoreError, FileExistsError):
+    """A conditional create lost: the key (or step, or version) already exists."""
+
+
+class ConflictError(TrainstoreError, RuntimeError):
+    """A conditional update lost a race (etag mismatch); retry with fresh state."""
+
+
+class IntegrityError(TrainstoreError, ValueError):
+    """Stored bytes do not match what their reference or manifest promises."""
+
+
+class ChunkCorruptError(IntegrityError):
+    """A chunk's content does not hash to its name, or fails to decode."""
+
+
+class ManifestError(IntegrityError):
+    """A manifest is unreadable, malformed or refers to something impossible."""
+
+
+class StoreError(TrainstoreError, OSError):
+    """An I/O operation on a store failed for a reason not covered below."""
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store could not be reached, or kept failing past the retry budget."""
+
+
+class CredentialsError(TrainstoreError, PermissionError):
+    """Credentials are missing or were refused."""
+
+
+class CapacityError(StoreError):
+    """Out of space: a full disk, or a cache limit smaller than one object."""
+
+
+class UnsupportedTypeError(TrainstoreError, TypeError):
+    """A value that cannot be stored safely (it would need pickle to restore)."""
+
+
+class SchemaError(TrainstoreError, ValueError):
+    """Records that do not match a dataset's schema."""
+
+
+class NoValidCheckpointError(NotFoundError):
+    """No checkpoint verified; the message lists what was tried and why each failed."""
+
+
+class BackgroundError(TrainstoreError, RuntimeError):
+    """A background operation (async save, upload) failed; raised at the next call."""
+
+
+class DistributedError(TrainstoreError, RuntimeError):
+    """A rank of a distributed operation failed; names the rank."""

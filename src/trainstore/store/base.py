@@ -1,0 +1,145 @@
+"""The store interface: the one small API every byte in trainstore goes through.
+
+A ``Store`` maps string keys (``a/b/c``) to immutable byte objects. Implementations:
+``LocalStore`` (a directory; the embedded default) and ``ObjectStore`` (obstore: s3://,
+gs://, az://, memory://). Every implementation passes ``tests/store_suite.py``.
+
+Contract, per method:
+
+* ``put(key, data)`` replaces the object atomically: a reader sees the old bytes or the
+  new ones, never a mix. When it returns, the bytes are durable (fsynced locally).
+* ``put_if_absent(key, data)`` is the commit primitive: exactly one of several racing
+  writers wins; the others get ``AlreadyExistsError``. Manifests are written with it, last.
+* ``get`` / ``get_range`` / ``get_ranges`` read; a missing key is ``NotFoundError``.
+  ``get_range(key, start, length)`` returns exactly ``length`` bytes or raises.
+* ``head(key)`` returns ``ObjectMeta`` (size, etag, mtime) without reading the body.
+* ``list(prefix)`` yields ``ObjectMeta`` for every key under ``prefix`` (no order
+  promised; callers sort). Keys of in-progress local writes are never listed.
+* ``delete(key)`` is idempotent: deleting a missing key is not an error.
+
+Keys are validated by ``validate_key`` before any I/O: relative, ``/``-separated, no empty,
+``.`` or ``..`` segments, no backslashes or control characters. So no key can escape the
+store's root or prefix.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from ..errors import InvalidKeyError
+
+#: Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy arrays).
+Buffer = Union[bytes, bytearray, memoryview]
+
+_MAX_KEY_LEN = 1024
+_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """What ``head`` and ``list`` report about one object."""
+
+    key: str
+    size: int
+    etag: str | None = None
+    mtime: float | None = None
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` if it is a safe relative key, else raise ``InvalidKeyError``."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"store key must be a str, got {type(key).__name__}: {key!r}")
+    if not key:
+        raise InvalidKeyError("store key is empty")
+    if len(key) > _MAX_KEY_LEN:
+        raise InvalidKeyError(f"store key is longer than {_MAX_KEY_LEN} characters: {key[:64]!r}...")
+    if key.startswith("/"):
+        raise InvalidKeyError(f"store key must be relative, got absolute key {key!r}")
+    if _BAD_CHARS.search(key):
+        raise InvalidKeyError(f"store key contains a control character or backslash: {key!r}")
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidKeyError(
+                f"store key {key!r} has an empty, '.' or '..' segment; keys may not escape "
+                "their prefix"
+            )
+    return key
+
+
+def validate_prefix(prefix: object) -> str:
+    """Validate a listing prefix: '' (everything) or a key, optionally ending with '/'."""
+    if prefix == "":
+        return ""
+    if not isinstance(prefix, str):
+        raise InvalidKeyError(f"store prefix must be a str, got {type(prefix).__name__}")
+    validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix
+
+
+class Store(abc.ABC):
+    """A flat key -> bytes store with atomic puts and a conditional create."""
+
+    #: The URL this store was opened from (credentials never included).
+    url: str
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Buffer:
+        """Return the whole object. ``NotFoundError`` if missing."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> Buffer:
+        """Return ``length`` bytes from ``start``; ``IntegrityError`` if the object is shorter."""
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[Buffer]:
+        """Return several ``(start, length)`` ranges of one object (coalesced where possible)."""
+        return [self.get_range(key, start, length) for start, length in ranges]
+
+    @abc.abstractmethod
+    def put(self, key: str, data: Buffer) -> ObjectMeta:
+        """Write (or replace) the object atomically and durably."""
+
+    @abc.abstractmethod
+    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+        """Create the object only if the key is free; else ``AlreadyExistsError``."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectMeta:
+        """Size, etag and mtime of the object. ``NotFoundError`` if missing."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        """Every object whose key starts with ``prefix``."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing key is not an error."""
+
+    def exists(self, key: str) -> bool:
+        """True if ``key`` names an object."""
+        from ..errors import NotFoundError
+
+        try:
+            self.head(key)
+        except NotFoundError:
+            return False
+        return True
+
+    def local_path(self, key: str) -> str | None:
+        """A filesystem path holding the object's bytes, if the store is local; else None."""
+        return None
+
+    def close(self) -> None:
+        """Release resources (connections, thread pools). The store is unusable after."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -1,0 +1,244 @@
+"""A store on a local directory: the embedded default and the hot tier's backing.
+
+Durability: every put writes a temp file in the target's directory, fsyncs it, renames (or
+hard-links, for ``put_if_absent``) it into place and fsyncs the directory. A crash leaves
+either no object or the whole one; stray temp files are never listed and are removed by
+``sweep_temp``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+
+from ..errors import (
+    AlreadyExistsError,
+    CapacityError,
+    IntegrityError,
+    NotFoundError,
+    StoreError,
+)
+from .base import Buffer, ObjectMeta, Store, validate_key, validate_prefix
+
+TEMP_PREFIX = ".tmp."
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: Buffer) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def io_error(exc: OSError, what: str) -> StoreError:
+    """Translate an OSError into the hierarchy, naming ``what`` failed."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CapacityError(f"no space left while {what}: {exc}")
+    return StoreError(f"I/O error while {what}: {exc}")
+
+
+class LocalStore(Store):
+    """Objects are files under ``root``; keys map to relative paths."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.fsync = fsync
+        self.url = "file://" + self.root
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise io_error(exc, f"creating store directory {self.root}") from exc
+        self._known_dirs: set[str] = {self.root}
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        validate_key(key)
+        for part in key.split("/"):
+            if part.startswith(TEMP_PREFIX):
+                from ..errors import InvalidKeyError
+
+                raise InvalidKeyError(f"key segment {part!r} uses the reserved prefix {TEMP_PREFIX!r}")
+        return os.path.join(self.root, *key.split("/"))
+
+    def _ensure_dir(self, directory: str) -> None:
+        if directory in self._known_dirs:
+            return
+        os.makedirs(directory, exist_ok=True)
+        self._known_dirs.add(directory)
+
+    def _write_temp(self, path: str, data: Buffer) -> str:
+        directory = os.path.dirname(path)
+        self._ensure_dir(directory)
+        tmp = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(8)}.{os.path.basename(path)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def _meta(self, key: str, st: os.stat_result) -> ObjectMeta:
+        return ObjectMeta(key, st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}", st.st_mtime)
+
+    # -- interface -------------------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFoundError(f"no object {key!r} in {self.url}") from None
+        except OSError as exc:
+            raise io_error(exc, f"reading {key!r} from {self.url}") from exc
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.get_ranges(key, [(start, length)])[0]
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        path = self._path(key)
+        for start, length in ranges:
+            if start < 0 or length < 0:
+                from ..errors import ConfigError
+
+                raise ConfigError(f"bad range start={start} length={length} for {key!r}")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFoundError(f"no object {key!r} in {self.url}") from None
+        except OSError as exc:
+            raise io_error(exc, f"reading {key!r} from {self.url}") from exc
+        try:
+            out = []
+            for start, length in ranges:
+                data = os.pread(fd, length, start)
+                if len(data) != length:
+                    raise IntegrityError(
+                        f"object {key!r} in {self.url} is shorter than the range "
+                        f"[{start}, {start + length}) asked for"
+                    )
+                out.append(data)
+            return out
+        finally:
+            os.close(fd)
+
+    def put(self, key: str, data: Buffer) -> ObjectMeta:
+        path = self._path(key)
+        try:
+            tmp = self._write_temp(path, data)
+            os.replace(tmp, path)
+            if self.fsync:
+                _fsync_dir(os.path.dirname(path))
+            return self._meta(key, os.stat(path))
+        except OSError as exc:
+            raise io_error(exc, f"writing {key!r} to {self.url}") from exc
+
+    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+        path = self._path(key)
+        if os.path.exists(path):
+            raise AlreadyExistsError(f"object {key!r} already exists in {self.url}")
+        try:
+            tmp = self._write_temp(path, data)
+        except OSError as exc:
+            raise io_error(exc, f"writing {key!r} to {self.url}") from exc
+        try:
+            os.link(tmp, path)  # atomic; fails if the name is taken
+        except FileExistsError:
+            raise AlreadyExistsError(f"object {key!r} already exists in {self.url}") from None
+        except OSError as exc:
+            raise io_error(exc, f"committing {key!r} to {self.url}") from exc
+        finally:
+            _unlink_quietly(tmp)
+        try:
+            if self.fsync:
+                _fsync_dir(os.path.dirname(path))
+            return self._meta(key, os.stat(path))
+        except OSError as exc:
+            raise io_error(exc, f"committing {key!r} to {self.url}") from exc
+
+    def head(self, key: str) -> ObjectMeta:
+        path = self._path(key)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFoundError(f"no object {key!r} in {self.url}") from None
+        except OSError as exc:
+            raise io_error(exc, f"reading metadata of {key!r} in {self.url}") from exc
+        if not os.path.isfile(path):
+            raise NotFoundError(f"no object {key!r} in {self.url} (it is a directory)")
+        return self._meta(key, st)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        validate_prefix(prefix)
+        head, _, _ = prefix.rpartition("/")
+        start = os.path.join(self.root, *head.split("/")) if head else self.root
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, self.root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            for name in sorted(filenames):
+                if name.startswith(TEMP_PREFIX):
+                    continue
+                key = rel_dir + name
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue  # deleted while listing
+                yield self._meta(key, st)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except IsADirectoryError:
+            return
+        except OSError as exc:
+            raise io_error(exc, f"deleting {key!r} from {self.url}") from exc
+
+    def local_path(self, key: str) -> str:
+        return self._path(key)
+
+    def sweep_temp(self, older_than: float = 3600.0) -> int:
+        """Remove temp files left by crashed writers; returns how many were removed."""
+        removed = 0
+        cutoff = time.time() - older_than
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            for name in filenames:
+                if name.startswith(TEMP_PREFIX):
+                    full = os.path.join(dirpath, name)
+                    try:
+                        if os.stat(full).st_mtime < cutoff:
+                            os.unlink(full)
+                            removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+__all__ = ["LocalStore", "TEMP_PREFIX", "io_error"]

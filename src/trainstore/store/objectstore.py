@@ -1,0 +1,272 @@
+"""Object stores (s3://, gs://, az://, memory://) through obstore.
+
+obstore (Rust ``object_store``) gives one API, connection pooling, retries with backoff,
+multipart uploads and conditional puts (``mode="create"`` = If-None-Match) for every cloud.
+This module only adapts it to the ``Store`` interface and maps its errors into the
+``TrainstoreError`` hierarchy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import obstore
+import obstore.exceptions as oe
+from obstore.store import AzureStore, GCSStore, MemoryStore, S3Store
+
+from ..errors import (
+    AlreadyExistsError,
+    ConfigError,
+    ConflictError,
+    CredentialsError,
+    IntegrityError,
+    NotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+from .base import Buffer, ObjectMeta, Store, validate_key, validate_prefix
+
+
+@dataclass(frozen=True)
+class RetryOptions:
+    """Bounded retries with exponential backoff and jitter (applied by obstore)."""
+
+    max_retries: int = 5
+    retry_timeout_s: float = 60.0
+    init_backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach an S3-compatible endpoint. Unset fields fall back to AWS_* env vars."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    allow_http: bool | None = None  # default: allowed when the endpoint is http://
+    skip_signature: bool = False  # anonymous access to public buckets
+
+
+def _td(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
+
+
+def _client_and_retry(retry: RetryOptions, allow_http: bool) -> tuple[dict, dict]:
+    client = {
+        "timeout": _td(retry.timeout_s),
+        "connect_timeout": _td(retry.connect_timeout_s),
+        "allow_http": allow_http,
+    }
+    retry_config = {
+        "max_retries": retry.max_retries,
+        "retry_timeout": _td(retry.retry_timeout_s),
+        "backoff": {
+            "init_backoff": _td(retry.init_backoff_s),
+            "max_backoff": _td(retry.max_backoff_s),
+            "base": 2,
+        },
+    }
+    return client, retry_config
+
+
+_memory_stores: dict[str, MemoryStore] = {}
+_memory_lock = threading.Lock()
+
+
+def _split_bucket(url: str, scheme: str) -> tuple[str, str]:
+    rest = url[len(scheme) + 3 :]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ConfigError(f"URL {url!r} names no bucket (expected {scheme}://BUCKET/PREFIX)")
+    prefix = prefix.strip("/")
+    if prefix:
+        validate_key(prefix)
+    return bucket, prefix
+
+
+def build_s3(url: str, s3: S3Options, retry: RetryOptions) -> S3Store:
+    """An obstore S3Store for ``url``, failing early (no network) on missing credentials."""
+    bucket, prefix = _split_bucket(url, "s3")
+    endpoint = s3.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    key_id = s3.access_key_id or os.environ.get("AWS_ACCESS_KEY_ID")
+    secret = s3.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY")
+    token = s3.session_token or os.environ.get("AWS_SESSION_TOKEN")
+    region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    if not s3.skip_signature and not (key_id and secret):
+        # Without this check object_store would fall back to the instance-metadata endpoint
+        # and hang on a machine that has none.
+        raise CredentialsError(
+            f"no credentials for {url}: pass access_key_id/secret_access_key or set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or skip_signature=True for a public bucket)"
+        )
+    allow_http = s3.allow_http if s3.allow_http is not None else bool(endpoint and endpoint.startswith("http://"))
+    if endpoint and endpoint.startswith("http://") and not allow_http:
+        raise ConfigError(f"endpoint {endpoint} is plain http; pass allow_http=True to allow it")
+    config: dict = {"region": region}
+    if endpoint:
+        config["endpoint"] = endpoint
+        config["virtual_hosted_style_request"] = False
+    if s3.skip_signature:
+        config["skip_signature"] = True
+    else:
+        config["access_key_id"] = key_id
+        config["secret_access_key"] = secret
+        if token:
+            config["session_token"] = token
+    client, retry_config = _client_and_retry(retry, allow_http)
+    try:
+        return S3Store(
+            bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry_config
+        )
+    except Exception as exc:  # obstore raises its own config errors
+        raise ConfigError(f"cannot open {url}: {exc}") from None
+
+
+def build_other(url: str, retry: RetryOptions, options: dict) -> object:
+    """memory://NAME (shared per process by name), gs://BUCKET/PREFIX, az://CONTAINER/PREFIX."""
+    if url.startswith("memory://"):
+        name = url[len("memory://") :].strip("/") or "default"
+        with _memory_lock:
+            return _memory_stores.setdefault(name, MemoryStore())
+    client, retry_config = _client_and_retry(retry, bool(options.pop("allow_http", False)))
+    if url.startswith("gs://"):
+        bucket, prefix = _split_bucket(url, "gs")
+        cls = GCSStore
+    elif url.startswith("az://"):
+        bucket, prefix = _split_bucket(url, "az")
+        cls = AzureStore
+    else:
+        raise ConfigError(f"unsupported URL scheme in {url!r}")
+    try:
+        return cls(bucket, prefix=prefix or None, config=options or None, client_options=client,
+                   retry_config=retry_config)
+    except Exception as exc:
+        raise ConfigError(f"cannot open {url}: {exc}") from None
+
+
+class ObjectStore(Store):
+    """A ``Store`` over any obstore backend."""
+
+    def __init__(self, inner: object, url: str) -> None:
+        self._inner = inner
+        self.url = url
+
+    def _error(self, exc: BaseException, key: str, action: str) -> Exception:
+        where = f"{key!r} in {self.url}" if key else self.url
+        msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        if isinstance(exc, oe.NotFoundError):
+            if "NoSuchBucket" in str(exc) or "bucket does not exist" in str(exc).lower():
+                return NotFoundError(f"bucket of {self.url} does not exist ({action} {where})")
+            return NotFoundError(f"no object {where}")
+        if isinstance(exc, oe.AlreadyExistsError):
+            return AlreadyExistsError(f"object {where} already exists")
+        if isinstance(exc, oe.PreconditionError):
+            return ConflictError(f"conditional {action} of {where} lost a race: {msg}")
+        if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)):
+            return CredentialsError(f"{action} {where} was refused: {msg}")
+        text = str(exc)
+        if "NoSuchBucket" in text:
+            return NotFoundError(f"bucket of {self.url} does not exist ({action} {where})")
+        if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")):
+            return CredentialsError(f"{action} {where} was refused: {msg}")
+        if isinstance(exc, oe.GenericError) or "error sending request" in text or "timed out" in text:
+            return StoreUnavailableError(f"{action} {where} failed after retries: {msg}")
+        return StoreError(f"{action} {where} failed: {msg}")
+
+    def get(self, key: str) -> Buffer:
+        validate_key(key)
+        try:
+            return obstore.get(self._inner, key).bytes()
+        except Exception as exc:
+            raise self._error(exc, key, "get") from None
+
+    def get_range(self, key: str, start: int, length: int) -> Buffer:
+        return self.get_ranges(key, [(start, length)])[0]
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[Buffer]:
+        validate_key(key)
+        if not ranges:
+            return []
+        for start, length in ranges:
+            if start < 0 or length < 0:
+                raise ConfigError(f"bad range start={start} length={length} for {key!r}")
+        nonempty = [(s, n) for s, n in ranges if n > 0]
+        try:
+            got = (
+                obstore.get_ranges(
+                    self._inner, key, starts=[s for s, _ in nonempty], lengths=[n for _, n in nonempty]
+                )
+                if nonempty
+                else []
+            )
+        except Exception as exc:
+            if "range" in str(exc).lower() and not isinstance(exc, oe.NotFoundError):
+                raise IntegrityError(f"object {key!r} in {self.url} is shorter than a range asked for") from None
+            raise self._error(exc, key, "get_ranges") from None
+        out: list[Buffer] = []
+        it = iter(got)
+        for start, length in ranges:
+            if length == 0:
+                out.append(b"")
+                continue
+            data = next(it)
+            if len(data) != length:
+                raise IntegrityError(
+                    f"object {key!r} in {self.url} is shorter than the range [{start}, {start + length})"
+                )
+            out.append(data)
+        return out
+
+    def _put(self, key: str, data: Buffer, mode: str) -> ObjectMeta:
+        validate_key(key)
+        view = memoryview(data).cast("B")
+        try:
+            obstore.put(self._inner, key, view, mode=mode)
+        except Exception as exc:
+            raise self._error(exc, key, "put") from None
+        return ObjectMeta(key, view.nbytes)
+
+    def put(self, key: str, data: Buffer) -> ObjectMeta:
+        return self._put(key, data, "overwrite")
+
+    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+        return self._put(key, data, "create")
+
+    def head(self, key: str) -> ObjectMeta:
+        validate_key(key)
+        try:
+            m = obstore.head(self._inner, key)
+        except Exception as exc:
+            raise self._error(exc, key, "head") from None
+        return ObjectMeta(key, m["size"], m.get("e_tag"), m["last_modified"].timestamp())
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        validate_prefix(prefix)
+        directory = prefix.rpartition("/")[0]
+        try:
+            stream = obstore.list(self._inner, directory or None, chunk_size=1000)
+            for batch in stream:
+                for m in batch:
+                    key = m["path"]
+                    if key.startswith(prefix):
+                        yield ObjectMeta(key, m["size"], m.get("e_tag"), m["last_modified"].timestamp())
+        except Exception as exc:
+            raise self._error(exc, prefix, "list") from None
+
+    def delete(self, key: str) -> None:
+        validate_key(key)
+        try:
+            obstore.delete(self._inner, key)
+        except oe.NotFoundError:
+            return
+        except Exception as exc:
+            raise self._error(exc, key, "delete") from None
