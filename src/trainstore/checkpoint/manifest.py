@@ -1,0 +1,401 @@
+"""Checkpoint manifests: the format, the layout in a store, listing and loading.
+
+Layout (one store may hold many jobs; chunks are shared so identical bytes dedup across
+every checkpoint of every job in the store)::
+
+    jobs/<job>/checkpoints/<step:012d>/manifest.json  the checkpoint; written LAST, put_if_absent
+    jobs/<job>/checkpoints/<step:012d>/verify.json    latest verification record (optional, put)
+    chunks/<h[0:2]>/<h>.<codec>                       content-addressed chunks (trainstore.chunks)
+
+A checkpoint exists only once its ``manifest.json`` is committed, after every chunk it names
+is durable; a crashed save leaves at most unreferenced chunks (garbage for GC) and is never
+listed. ``verify.json`` is advisory: it records the outcome of the last ``verify`` so that
+``restore()`` does not retry a checkpoint known to be bad (unless asked).
+
+Manifest JSON (``format: "trainstore.checkpoint/1"``)::
+
+    {
+      "format": "trainstore.checkpoint/1",
+      "job": "run-1", "step": 1200, "kind": "full" | "incremental",
+      "base_step": null | 1000,              # incremental: the FULL checkpoint deltas refer to
+      "chunk_bytes": 8388608,                # how tensors were cut (raw bytes per chunk)
+      "tensors": {
+        "<name>": {"dtype": "torch.bfloat16" | "numpy:<f4", "shape": [..], "nbytes": N,
+                   "chunks": [CHUNK, ...]}   # in order; each covers chunk_bytes raw bytes (last: rest)
+      },
+      "skeleton": <JSON tree of the state; tensors appear as {"$tensor": "<name>"}>,
+      "metadata": {"config": {...}, "metrics": {...}, "created": <unix time>,
+                   "code_version": "git:<sha>[-dirty]" | null, "extra": {...}},
+      "logical_bytes": raw tensor bytes, "stored_bytes": bytes of the chunks this checkpoint
+      owns (not counting base chunks it references), "written_bytes": bytes this save wrote
+    }
+
+A CHUNK is one of:
+
+* ``{"ref": REF}``: the piece is the chunk REF (for incrementals: REF may be the identical chunk
+  of the base checkpoint, then ``"same": true``);
+* ``{"delta": REF, "base": BASEREF, "hash": H}``: the piece is ``decode(REF) XOR decode(BASEREF)``,
+  where BASEREF is the same piece of the base full checkpoint; H is the BLAKE3 of the result.
+
+REF is ``ChunkRef.to_json()``: ``[hash, codec, raw size, stored size, itemsize]``.
+
+Everything here validates hostile input: a malformed manifest raises ``ManifestError``
+naming the key, never a KeyError or a half-built object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..chunks import HASH_HEX_LEN, ChunkRef
+from ..errors import ConfigError, ManifestError, NotFoundError
+from ..store.base import Store
+
+FORMAT = "trainstore.checkpoint/1"
+KINDS = ("full", "incremental")
+STEP_DIGITS = 12
+MANIFEST_NAME = "manifest.json"
+VERIFY_NAME = "verify.json"
+#: A job name is one path segment: letters, digits, ``._-``, at most 128 characters.
+_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MAX_MANIFEST_BYTES = 256 << 20
+
+
+# -- layout -------------------------------------------------------------------------------
+def check_job(job: str) -> str:
+    """Return ``job`` if it is a valid job name, else raise ``ConfigError``."""
+    if not isinstance(job, str) or not _JOB.match(job):
+        raise ConfigError(f"job name must match {_JOB.pattern}, got {job!r}")
+    return job
+
+
+def check_step(step: object) -> int:
+    """Steps are non-negative ints below 10**12 (the zero-padded width)."""
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**STEP_DIGITS:
+        raise ConfigError(f"step must be an int in [0, 10**{STEP_DIGITS}), got {step!r}")
+    return step
+
+
+def job_prefix(job: str) -> str:
+    return f"jobs/{check_job(job)}/"
+
+
+def checkpoints_prefix(job: str) -> str:
+    return f"jobs/{check_job(job)}/checkpoints/"
+
+
+def step_prefix(job: str, step: int) -> str:
+    return f"{checkpoints_prefix(job)}{check_step(step):0{STEP_DIGITS}d}/"
+
+
+def manifest_key(job: str, step: int) -> str:
+    return step_prefix(job, step) + MANIFEST_NAME
+
+
+def verify_key(job: str, step: int) -> str:
+    return step_prefix(job, step) + VERIFY_NAME
+
+
+# -- the manifest -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChunkEntry:
+    """One piece of a tensor: a plain chunk, or an XOR delta against the base's chunk."""
+
+    ref: ChunkRef  # the stored chunk (the delta, for a delta entry)
+    base: ChunkRef | None = None  # set for XOR deltas: the base full checkpoint's chunk
+    content_hash: str | None = None  # BLAKE3 of the reconstructed piece (deltas)
+    same_as_base: bool = False  # ref is the base checkpoint's identical chunk
+
+    @property
+    def size(self) -> int:
+        return self.ref.size
+
+    @property
+    def is_delta(self) -> bool:
+        return self.base is not None
+
+    def logical_hash(self) -> str:
+        """BLAKE3 of the piece's raw bytes."""
+        return self.content_hash if self.base is not None else self.ref.hash  # type: ignore[return-value]
+
+    def refs(self) -> tuple[ChunkRef, ...]:
+        return (self.ref,) if self.base is None else (self.ref, self.base)
+
+    def to_json(self) -> dict:
+        if self.base is None:
+            out: dict[str, Any] = {"ref": self.ref.to_json()}
+            if self.same_as_base:
+                out["same"] = True
+            return out
+        return {"delta": self.ref.to_json(), "base": self.base.to_json(), "hash": self.content_hash}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ChunkEntry:
+        if not isinstance(obj, dict):
+            raise ManifestError(f"chunk entry must be an object, got {type(obj).__name__}")
+        if "ref" in obj:
+            return cls(ChunkRef.from_json(obj["ref"]), same_as_base=bool(obj.get("same", False)))
+        if "delta" in obj and "base" in obj:
+            ref, base = ChunkRef.from_json(obj["delta"]), ChunkRef.from_json(obj["base"])
+            h = obj.get("hash")
+            if not (isinstance(h, str) and len(h) == HASH_HEX_LEN):
+                raise ManifestError(f"delta chunk entry has a malformed content hash {h!r:.80}")
+            if ref.size != base.size:
+                raise ManifestError(f"delta chunk {ref.hash[:12]} is {ref.size} bytes, its base {base.size}")
+            return cls(ref, base, h)
+        raise ManifestError(f"chunk entry needs 'ref' or 'delta'+'base', got keys {sorted(obj)[:5]}")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """A tensor or numpy array: dtype string, shape, and its chunks in order."""
+
+    dtype: str  # "torch.<name>" or "numpy:<dtype.str>"
+    shape: tuple[int, ...]
+    nbytes: int
+    chunks: tuple[ChunkEntry, ...]
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "shape": list(self.shape), "nbytes": self.nbytes,
+                "chunks": [c.to_json() for c in self.chunks]}
+
+    @classmethod
+    def from_json(cls, name: str, obj: Any) -> TensorEntry:
+        if not isinstance(obj, dict):
+            raise ManifestError(f"tensor {name!r}: entry must be an object")
+        dtype, shape, nbytes, chunks = obj.get("dtype"), obj.get("shape"), obj.get("nbytes"), obj.get("chunks")
+        if not isinstance(dtype, str) or not (dtype.startswith("torch.") or dtype.startswith("numpy:")):
+            raise ManifestError(f"tensor {name!r}: bad dtype {dtype!r:.60}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise ManifestError(f"tensor {name!r}: bad shape {shape!r:.80}")
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ManifestError(f"tensor {name!r}: bad nbytes {nbytes!r:.40}")
+        if not isinstance(chunks, list):
+            raise ManifestError(f"tensor {name!r}: chunks must be a list")
+        entries = tuple(ChunkEntry.from_json(c) for c in chunks)
+        if sum(c.size for c in entries) != nbytes:
+            raise ManifestError(f"tensor {name!r}: chunks cover {sum(c.size for c in entries)} bytes, nbytes says {nbytes}")
+        return cls(dtype, tuple(shape), nbytes, entries)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A committed checkpoint. ``tensors`` maps names (used in ``skeleton``) to entries."""
+
+    job: str
+    step: int
+    kind: str
+    tensors: dict[str, TensorEntry]
+    skeleton: Any
+    base_step: int | None = None
+    chunk_bytes: int = 8 << 20
+    metadata: dict[str, Any] = field(default_factory=dict)
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    written_bytes: int = 0
+
+    @property
+    def created(self) -> float:
+        return float(self.metadata.get("created") or 0.0)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.metadata.get("metrics") or {})
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.metadata.get("config") or {})
+
+    @property
+    def key(self) -> str:
+        return manifest_key(self.job, self.step)
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "job": self.job,
+            "step": self.step,
+            "kind": self.kind,
+            "base_step": self.base_step,
+            "chunk_bytes": self.chunk_bytes,
+            "tensors": {name: t.to_json() for name, t in self.tensors.items()},
+            "skeleton": self.skeleton,
+            "metadata": self.metadata,
+            "logical_bytes": self.logical_bytes,
+            "stored_bytes": self.stored_bytes,
+            "written_bytes": self.written_bytes,
+        }
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "") -> Manifest:
+        if not isinstance(obj, dict):
+            raise ManifestError(f"checkpoint manifest {where}: not a JSON object")
+        if obj.get("format") != FORMAT:
+            raise ManifestError(f"checkpoint manifest {where}: unknown format {obj.get('format')!r:.60}")
+        try:
+            job, step, kind = check_job(obj.get("job")), check_step(obj.get("step")), obj.get("kind")
+        except ConfigError as exc:
+            raise ManifestError(f"checkpoint manifest {where}: {exc}") from None
+        if kind not in KINDS:
+            raise ManifestError(f"checkpoint manifest {where}: kind must be one of {KINDS}, got {kind!r:.40}")
+        base = obj.get("base_step")
+        if kind == "incremental":
+            if not isinstance(base, int) or isinstance(base, bool) or not 0 <= base < step:
+                raise ManifestError(f"checkpoint manifest {where}: incremental needs a base_step < step, got {base!r:.40}")
+        elif base is not None:
+            raise ManifestError(f"checkpoint manifest {where}: a full checkpoint has no base_step")
+        tensors_obj = obj.get("tensors")
+        if not isinstance(tensors_obj, dict):
+            raise ManifestError(f"checkpoint manifest {where}: 'tensors' must be an object")
+        try:
+            tensors = {str(n): TensorEntry.from_json(n, t) for n, t in tensors_obj.items()}
+        except ManifestError as exc:
+            raise ManifestError(f"checkpoint manifest {where}: {exc}") from None
+        metadata = obj.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise ManifestError(f"checkpoint manifest {where}: 'metadata' must be an object")
+        ints = {}
+        for name in ("chunk_bytes", "logical_bytes", "stored_bytes", "written_bytes"):
+            v = obj.get(name, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ManifestError(f"checkpoint manifest {where}: {name} must be a non-negative int")
+            ints[name] = v
+        return cls(job=job, step=step, kind=kind, tensors=tensors, skeleton=obj.get("skeleton"),
+                   base_step=base, metadata=metadata, **ints)
+
+    @classmethod
+    def from_bytes(cls, data: Any, where: str = "") -> Manifest:
+        try:
+            obj = json.loads(bytes(memoryview(data)))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"checkpoint manifest {where} is not valid JSON (truncated?): {exc}") from None
+        return cls.from_json(obj, where)
+
+
+def manifest_refs(manifest: Manifest) -> set[ChunkRef]:
+    """Every ChunkRef the manifest needs (its own chunks and the base chunks deltas use).
+
+    GC keeps a chunk object alive if any committed manifest's ``manifest_refs`` contains it;
+    ``ref.key()`` is the object key in the store.
+    """
+    refs: set[ChunkRef] = set()
+    for t in manifest.tensors.values():
+        for c in t.chunks:
+            refs.update(c.refs())
+    return refs
+
+
+def manifest_chunk_keys(manifest: Manifest, prefix: str = "chunks") -> set[str]:
+    """Store keys of every chunk the manifest references (see ``manifest_refs``)."""
+    return {r.key(prefix) for r in manifest_refs(manifest)}
+
+
+# -- store access -------------------------------------------------------------------------
+def list_steps(store: Store, job: str) -> list[int]:
+    """Committed steps of ``job``, ascending (a step counts once its manifest.json exists)."""
+    prefix = checkpoints_prefix(job)
+    steps = []
+    for meta in store.list(prefix):
+        rest = meta.key[len(prefix):]
+        parts = rest.split("/")
+        if len(parts) == 2 and parts[1] == MANIFEST_NAME and len(parts[0]) == STEP_DIGITS and parts[0].isdigit():
+            steps.append(int(parts[0]))
+    return sorted(steps)
+
+
+def list_jobs(store: Store) -> list[str]:
+    """Job names that have at least one committed checkpoint."""
+    jobs = set()
+    for meta in store.list("jobs/"):
+        parts = meta.key.split("/")
+        if len(parts) == 5 and parts[2] == "checkpoints" and parts[4] == MANIFEST_NAME:
+            jobs.add(parts[1])
+    return sorted(jobs)
+
+
+def load_manifest(store: Store, job: str, step: int) -> Manifest:
+    """Read and validate one manifest. ``NotFoundError`` / ``ManifestError``."""
+    key = manifest_key(job, step)
+    data = store.get(key)
+    if memoryview(data).nbytes > _MAX_MANIFEST_BYTES:
+        raise ManifestError(f"checkpoint manifest {key} is larger than {_MAX_MANIFEST_BYTES} bytes")
+    m = Manifest.from_bytes(data, key)
+    if m.job != job or m.step != step:
+        raise ManifestError(f"checkpoint manifest {key} says job={m.job!r} step={m.step}")
+    return m
+
+
+def list_manifests(store: Store, job: str) -> Iterator[Manifest | ManifestError]:
+    """Every committed manifest of ``job``, oldest first; an unreadable one yields its error."""
+    for step in list_steps(store, job):
+        try:
+            yield load_manifest(store, job, step)
+        except ManifestError as exc:
+            yield exc
+        except NotFoundError:
+            continue  # deleted while listing
+
+
+def commit_manifest(store: Store, manifest: Manifest) -> None:
+    """Write the manifest with a conditional create (``AlreadyExistsError`` if the step exists)."""
+    store.put_if_absent(manifest.key, manifest.to_bytes())
+
+
+# -- verification records -----------------------------------------------------------------
+@dataclass(frozen=True)
+class VerifyRecord:
+    """Outcome of a verification, stored as ``verify.json`` next to the manifest."""
+
+    step: int
+    ok: bool
+    deep: bool
+    checked_at: float
+    errors: tuple[str, ...] = ()
+    chunks_checked: int = 0
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "ok": self.ok, "deep": self.deep, "checked_at": self.checked_at,
+                "errors": list(self.errors), "chunks_checked": self.chunks_checked}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> VerifyRecord:
+        if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
+            raise ManifestError("verify record must be an object with a boolean 'ok'")
+        errors = obj.get("errors") or []
+        return cls(step=int(obj.get("step", -1)), ok=obj["ok"], deep=bool(obj.get("deep")),
+                   checked_at=float(obj.get("checked_at") or 0.0),
+                   errors=tuple(str(e) for e in errors)[:100], chunks_checked=int(obj.get("chunks_checked") or 0))
+
+
+def write_verify_record(store: Store, job: str, record: VerifyRecord) -> None:
+    store.put(verify_key(job, record.step), json.dumps(record.to_json()).encode())
+
+
+def load_verify_record(store: Store, job: str, step: int) -> VerifyRecord | None:
+    """The last verification record of a step, or None (never verified / unreadable)."""
+    try:
+        data = store.get(verify_key(job, step))
+        return VerifyRecord.from_json(json.loads(bytes(memoryview(data))))
+    except (NotFoundError, ManifestError, ValueError, TypeError):
+        return None
+
+
+def new_verify_record(step: int, deep: bool, errors: list[str], chunks_checked: int) -> VerifyRecord:
+    return VerifyRecord(step, not errors, deep, time.time(), tuple(errors), chunks_checked)
+
+
+__all__ = [
+    "FORMAT", "KINDS", "STEP_DIGITS", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
+    "check_job", "check_step", "checkpoints_prefix", "step_prefix", "manifest_key", "verify_key",
+    "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest",
+    "list_manifests", "commit_manifest", "write_verify_record", "load_verify_record",
+    "new_verify_record",
+]
