@@ -1,0 +1,600 @@
+"""The hot tier: a node-local, size-limited, read-through cache of durable-store objects.
+
+Objects are plain files under ``cache_dir`` so they can be memory-mapped. Several processes
+of one node may share one cache directory; coordination uses only the file system:
+
+* **fill**: a per-key lock file (``filelock``) lets one process download while the others
+  wait; the download goes to a temp file which is renamed into place (atomic).
+* **in use**: a pinned file is held open with a shared ``flock``. Eviction takes a
+  non-blocking exclusive ``flock`` and skips any file it cannot lock, so a file in use is
+  never removed. (The lock lives on the inode; a reader re-checks after locking that the path
+  still names the inode it locked, so it never pins an evicted file.)
+* **local-only** (write-back) entries carry a marker file under ``pending/`` until they are
+  made durable (``flush`` / ``mark_durable``); eviction never touches them. The marker is a
+  file, not a lock, so it survives a crash of the writer.
+* **LRU**: each access stamps the file's atime explicitly (``os.utime``); eviction scans the
+  directory under a global eviction lock and removes the least recently used unpinned files.
+
+Entries are namespaced by a hash of the durable store's URL, so jobs on different stores
+sharing one directory never collide; nothing uses named shared memory. Keys are immutable in
+trainstore (chunks are content-addressed, shard keys are versioned); when a checksum is
+given, a cached copy that does not match it is re-fetched, and a durable copy that does not
+match raises ``IntegrityError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import blake3
+import filelock
+
+from .errors import CapacityError, ConfigError, IntegrityError, NotFoundError, StoreError
+from .store import Store, open_store, validate_key
+from .store.base import Buffer
+
+log = logging.getLogger(__name__)
+
+_TMP = ".tmp."
+_COPY_BLOCK = 8 << 20
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How the hot tier behaves.
+
+    ``limit_bytes``: total bytes of cached files (pending write-back entries included).
+    ``verify_hits``: "once" re-hashes a cached file the first time this process uses it
+    (and again if its size or mtime changed), "always" on every pin, "never" trusts it.
+    ``capacity_wait_s``: how long a fill waits for pinned files to be released when nothing
+    can be evicted, before raising ``CapacityError`` (0 = fail at once).
+    ``fsync``: fsync filled files (a cache can always re-fetch, so off by default; write-back
+    entries are always fsynced, they may be the only copy).
+    """
+
+    limit_bytes: int
+    verify_hits: str = "once"
+    capacity_wait_s: float = 30.0
+    lock_timeout_s: float = 600.0
+    fsync: bool = False
+    stale_temp_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.limit_bytes, int) or self.limit_bytes <= 0:
+            raise ConfigError(f"cache limit_bytes must be a positive int, got {self.limit_bytes!r}")
+        if self.verify_hits not in ("once", "always", "never"):
+            raise ConfigError(f"verify_hits must be once|always|never, got {self.verify_hits!r}")
+        if self.capacity_wait_s < 0 or self.lock_timeout_s <= 0:
+            raise ConfigError("capacity_wait_s must be >= 0 and lock_timeout_s > 0")
+
+
+@dataclass
+class CacheStats:
+    """Counters of this process's use of the cache."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_fetched: int = 0
+    bytes_read_hits: int = 0
+    evictions: int = 0
+    bytes_evicted: int = 0
+    refetched_corrupt: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "hit_rate": self.hit_rate}
+
+
+class PinnedFile:
+    """A cached file held in use (shared flock) until ``close()``; eviction skips it."""
+
+    def __init__(self, key: str, path: str, fd: int, size: int, release) -> None:
+        self.key = key
+        self.path = path
+        self.size = size
+        self._fd = fd
+        self._release = release
+        self._closed = False
+
+    def mmap(self) -> mmap.mmap:
+        """A read-only memory map of the whole file (valid after close; the inode stays)."""
+        if self.size == 0:
+            raise ConfigError(f"cannot memory-map the empty cached object {self.key!r}")
+        return mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as f:
+            return f.read()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self._fd)  # drops the shared flock
+            self._release(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> PinnedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # a forgotten handle must not pin a file forever
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"PinnedFile({self.key!r}, {self.path!r})"
+
+
+def _file_hash(fd: int, size: int) -> str:
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO if size >= (32 << 20) else 1)
+    if size:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+            h.update(m)
+    return h.hexdigest()
+
+
+class HotCache:
+    """Read-through local cache in front of ``durable_store`` (see module docstring)."""
+
+    def __init__(
+        self,
+        durable_store: Store | str,
+        cache_dir: str | os.PathLike[str],
+        limit_bytes: int | None = None,
+        *,
+        config: CacheConfig | None = None,
+        **store_options: object,
+    ) -> None:
+        if config is None:
+            if limit_bytes is None:
+                raise ConfigError("HotCache needs limit_bytes (or a CacheConfig)")
+            config = CacheConfig(limit_bytes=int(limit_bytes))
+        elif limit_bytes is not None and limit_bytes != config.limit_bytes:
+            raise ConfigError("pass limit_bytes either directly or in config, not both")
+        self.config = config
+        self.store = open_store(durable_store, **store_options)
+        self.root = os.path.abspath(os.fspath(cache_dir))
+        ns = hashlib.sha256(self.store.url.encode()).hexdigest()[:16]
+        self.namespace = ns
+        self._objects = os.path.join(self.root, "objects")
+        self._obj_ns = os.path.join(self._objects, ns)
+        self._pending = os.path.join(self.root, "pending", ns)
+        self._locks = os.path.join(self.root, "locks", ns)
+        for d in (self._obj_ns, self._pending, self._locks):
+            os.makedirs(d, exist_ok=True)
+        self._evict_lock_path = os.path.join(self.root, "evict.lock")
+        self.stats = CacheStats()
+        self._mu = threading.Lock()
+        self._verified: dict[str, tuple[int, int, int]] = {}
+        self._pins: set[int] = set()
+        self._space_freed = threading.Condition(self._mu)
+
+    # -- paths -----------------------------------------------------------------------------
+    def path_of(self, key: str) -> str:
+        """Where ``key`` lives (or would live) in the cache."""
+        validate_key(key)
+        parts = key.split("/")
+        if any(p.startswith(_TMP) for p in parts):
+            raise ConfigError(f"cache key segment may not start with {_TMP!r}: {key!r}")
+        return os.path.join(self._obj_ns, *parts)
+
+    def _marker(self, key: str) -> str:
+        return os.path.join(self._pending, hashlib.sha256(key.encode()).hexdigest())
+
+    def _key_lock(self, key: str) -> filelock.FileLock:
+        name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"
+        return filelock.FileLock(os.path.join(self._locks, name), timeout=self.config.lock_timeout_s)
+
+    # -- public API --------------------------------------------------------------------------
+    def pin(self, key: str, *, checksum: str | None = None, size: int | None = None) -> PinnedFile:
+        """Make ``key`` present in the cache and hold it in use until the handle is closed.
+
+        ``checksum`` (BLAKE3 hex) and ``size``, when given, are verified on fill; a cached copy
+        that fails them is re-fetched. ``CapacityError`` if the object cannot fit.
+        """
+        path = self.path_of(key)
+        if size is not None and size > self.config.limit_bytes:
+            raise self._too_big(key, size)
+        for _attempt in range(8):
+            handle = self._try_pin(key, path)
+            if handle is not None:
+                if self._hit_ok(handle, checksum, size):
+                    self._touch(path)
+                    with self._mu:
+                        self.stats.hits += 1
+                        self.stats.bytes_read_hits += handle.size
+                    return handle
+                handle.close()
+                with self._mu:
+                    self.stats.refetched_corrupt += 1
+                log.warning("hot-tier copy of %s is corrupt; re-fetching from %s", key, self.store.url)
+                handle = self._fill(key, path, checksum, size, replace_corrupt=True)
+            else:
+                handle = self._fill(key, path, checksum, size, replace_corrupt=False)
+            if handle is not None:
+                return handle
+        raise StoreError(f"could not pin {key!r} in the hot tier {self.root}: evicted repeatedly")
+
+    @contextlib.contextmanager
+    def open(self, key: str, *, checksum: str | None = None, size: int | None = None) -> Iterator[str]:
+        """``with cache.open(key) as path``: the file is pinned inside the block."""
+        handle = self.pin(key, checksum=checksum, size=size)
+        try:
+            yield handle.path
+        finally:
+            handle.close()
+
+    def get(self, key: str, *, checksum: str | None = None, size: int | None = None) -> bytes:
+        """The object's bytes, read through the cache."""
+        with self.pin(key, checksum=checksum, size=size) as h:
+            return h.read()
+
+    def contains(self, key: str) -> bool:
+        return os.path.exists(self.path_of(key))
+
+    def prefetch(self, key: str, *, checksum: str | None = None, size: int | None = None) -> None:
+        """Fill ``key`` without keeping it pinned."""
+        self.pin(key, checksum=checksum, size=size).close()
+
+    def put_local(self, key: str, data: Buffer) -> PinnedFile:
+        """Write a local-only (write-back) entry; never evicted until ``mark_durable``/``flush``."""
+        path = self.path_of(key)
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        if size > self.config.limit_bytes:
+            raise self._too_big(key, size)
+        with self._key_lock(key):
+            self._make_room(size, key)
+            fd, tmp = self._temp_in(path)
+            try:
+                _write_fd(fd, view)
+                os.fsync(fd)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                _write_marker(self._marker(key), key)
+                os.rename(tmp, path)
+                _fsync_dir(os.path.dirname(path))
+            except BaseException:
+                os.close(fd)
+                _unlink_quiet(tmp)
+                raise
+        return self._handle(key, path, fd, size)
+
+    def mark_durable(self, key: str) -> None:
+        """``key`` is now safe in the durable store: it may be evicted like any cached file."""
+        _unlink_quiet(self._marker(key))
+
+    def is_local_only(self, key: str) -> bool:
+        return os.path.exists(self._marker(key))
+
+    def pending(self) -> list[str]:
+        """Keys of local-only entries in this namespace (from any process)."""
+        out = []
+        for entry in os.scandir(self._pending):
+            if entry.name.startswith(_TMP):
+                continue
+            with contextlib.suppress(OSError), open(entry.path, encoding="utf-8") as f:
+                out.append(f.read())
+        return sorted(out)
+
+    def flush(self, key: str | None = None) -> list[str]:
+        """Upload local-only entries (one, or all) to the durable store, then mark them durable."""
+        keys = [key] if key is not None else self.pending()
+        done = []
+        for k in keys:
+            if not self.is_local_only(k):
+                continue
+            with open(self.path_of(k), "rb") as f:
+                self.store.put(k, f.read())
+            self.mark_durable(k)
+            done.append(k)
+        return done
+
+    def evict(self, key: str) -> bool:
+        """Remove ``key`` now if it is neither in use nor local-only; True if removed."""
+        path = self.path_of(key)
+        with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
+            freed = self._evict_file(path, self._marker(key))
+        return freed > 0 or (freed == 0 and not os.path.exists(path))
+
+    def usage(self) -> int:
+        """Bytes of cached files in this cache directory (all namespaces)."""
+        return sum(size for _p, size, _a in self._scan())
+
+    def clear(self) -> int:
+        """Evict everything evictable; returns bytes freed."""
+        with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
+            return sum(max(0, self._evict_file(p, None)) for p, _s, _a in self._scan())
+
+    # -- internals ---------------------------------------------------------------------------
+    def _too_big(self, key: str, size: int) -> CapacityError:
+        return CapacityError(
+            f"object {key!r} is {size} bytes, larger than the hot-tier limit of "
+            f"{self.config.limit_bytes} bytes ({self.root}); raise the cache limit"
+        )
+
+    def _try_pin(self, key: str, path: str) -> PinnedFile | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            st = os.fstat(fd)
+            try:
+                cur = os.stat(path)
+            except FileNotFoundError:
+                cur = None
+            if cur is None or cur.st_ino != st.st_ino or st.st_nlink == 0:
+                os.close(fd)  # evicted or replaced between open and lock
+                return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return self._handle(key, path, fd, st.st_size)
+
+    def _handle(self, key: str, path: str, fd: int, size: int) -> PinnedFile:
+        h = PinnedFile(key, path, fd, size, self._released)
+        with self._mu:
+            self._pins.add(id(h))
+        return h
+
+    def _released(self, handle: PinnedFile) -> None:
+        with self._mu:
+            self._pins.discard(id(handle))
+            self._space_freed.notify_all()
+
+    def _hit_ok(self, handle: PinnedFile, checksum: str | None, size: int | None) -> bool:
+        if size is not None and handle.size != size:
+            return False
+        if checksum is None or self.config.verify_hits == "never":
+            return True
+        st = os.fstat(handle._fd)
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self.config.verify_hits == "once":
+            with self._mu:
+                if self._verified.get(handle.path) == stamp:
+                    return True
+        ok = _file_hash(handle._fd, handle.size) == checksum
+        if ok:
+            with self._mu:
+                self._verified[handle.path] = stamp
+        return ok
+
+    def _fill(
+        self, key: str, path: str, checksum: str | None, size: int | None, replace_corrupt: bool
+    ) -> PinnedFile | None:
+        with self._key_lock(key):
+            if not replace_corrupt:
+                handle = self._try_pin(key, path)  # another process filled it while we waited
+                if handle is not None:
+                    if self._hit_ok(handle, checksum, size):
+                        self._touch(path)
+                        with self._mu:
+                            self.stats.hits += 1
+                            self.stats.bytes_read_hits += handle.size
+                        return handle
+                    handle.close()
+            if size is None:
+                size = self._object_size(key)
+            if size > self.config.limit_bytes:
+                raise self._too_big(key, size)
+            self._make_room(size, key)
+            fd, tmp = self._temp_in(path)
+            try:
+                written = self._download(key, fd)
+                if size is not None and written != size:
+                    raise IntegrityError(
+                        f"object {key!r} in {self.store.url} is {written} bytes, expected {size}"
+                    )
+                if checksum is not None and _file_hash(fd, written) != checksum:
+                    raise IntegrityError(
+                        f"object {key!r} in the durable store {self.store.url} does not match "
+                        "its checksum (corrupted at the source)"
+                    )
+                if self.config.fsync:
+                    os.fsync(fd)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # pinned before it becomes visible
+                os.rename(tmp, path)
+            except BaseException:
+                os.close(fd)
+                _unlink_quiet(tmp)
+                raise
+            st = os.fstat(fd)
+            with self._mu:
+                self.stats.misses += 1
+                self.stats.bytes_fetched += written
+                if checksum is not None:
+                    self._verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+            self._touch(path)
+            return self._handle(key, path, fd, written)
+
+    def _object_size(self, key: str) -> int:
+        return self.store.head(key).size
+
+    def _download(self, key: str, fd: int) -> int:
+        """Copy the object into ``fd``; a local durable store is copied in-kernel."""
+        src = self.store.local_path(key)
+        if src is not None:
+            try:
+                with open(src, "rb") as f:
+                    return _copy_file(f.fileno(), fd)
+            except FileNotFoundError:
+                raise NotFoundError(f"object {key!r} not found in {self.store.url}") from None
+        data = memoryview(self.store.get(key)).cast("B")
+        _write_fd(fd, data)
+        return data.nbytes
+
+    def _temp_in(self, path: str) -> tuple[int, str]:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f"{_TMP}{secrets.token_hex(8)}")
+        return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
+
+    def _touch(self, path: str) -> None:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+
+    def _scan(self) -> Iterator[tuple[str, int, float]]:
+        """(path, size, atime) of every cached file; removes stale temp files on the way."""
+        now = time.time()
+        stack = [self._objects]
+        while stack:
+            d = stack.pop()
+            try:
+                entries = list(os.scandir(d))
+            except FileNotFoundError:
+                continue
+            for e in entries:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if e.name.startswith(_TMP):
+                    if now - st.st_mtime > self.config.stale_temp_s:
+                        _unlink_quiet(e.path)
+                        continue
+                yield e.path, st.st_size, st.st_atime
+
+    def _make_room(self, incoming: int, key: str) -> None:
+        """Evict LRU unpinned, durable files until ``incoming`` more bytes fit the limit."""
+        deadline = time.monotonic() + self.config.capacity_wait_s
+        limit = self.config.limit_bytes
+        while True:
+            with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
+                files = list(self._scan())
+                used = sum(s for _p, s, _a in files)
+                if used + incoming <= limit:
+                    return
+                for path, sz, _atime in sorted(files, key=lambda f: f[2]):
+                    if os.path.basename(path).startswith(_TMP):
+                        continue
+                    freed = self._evict_file(path, self._marker_for_path(path))
+                    if freed > 0:
+                        used -= freed
+                        if used + incoming <= limit:
+                            return
+            if time.monotonic() >= deadline:
+                raise CapacityError(
+                    f"hot tier {self.root} is full: {used} of {limit} bytes are in use or "
+                    f"local-only, and {key!r} needs {incoming} more; release pinned files, "
+                    "flush write-back entries or raise the limit"
+                )
+            with self._mu:
+                self._space_freed.wait(timeout=0.05)
+
+    def _marker_for_path(self, path: str) -> str | None:
+        rel = os.path.relpath(path, self._objects).split(os.sep)
+        if len(rel) < 2:
+            return None
+        return os.path.join(self.root, "pending", rel[0],
+                            hashlib.sha256("/".join(rel[1:]).encode()).hexdigest())
+
+    def _evict_file(self, path: str, marker: str | None) -> int:
+        """Remove ``path`` if nobody uses it and it is not local-only; bytes freed, -1 if busy."""
+        if marker is None:
+            marker = self._marker_for_path(path)
+        if marker is not None and os.path.exists(marker):
+            return -1
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return -1
+                raise
+            st = os.fstat(fd)
+            try:
+                cur = os.stat(path)
+            except FileNotFoundError:
+                return 0
+            if cur.st_ino != st.st_ino:
+                return -1
+            os.unlink(path)
+        finally:
+            os.close(fd)
+        with self._mu:
+            self.stats.evictions += 1
+            self.stats.bytes_evicted += st.st_size
+            self._verified.pop(path, None)
+        return st.st_size
+
+    def __repr__(self) -> str:
+        return f"HotCache({self.store.url!r}, {self.root!r}, limit={self.config.limit_bytes})"
+
+
+def _write_fd(fd: int, view: memoryview) -> None:
+    view = view.cast("B") if view.format != "B" else view
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _copy_file(src: int, dst: int) -> int:
+    total = 0
+    try:
+        while n := os.copy_file_range(src, dst, _COPY_BLOCK):
+            total += n
+        return total
+    except OSError:  # no in-kernel copy here (old kernel, other file system): plain copy
+        os.lseek(src, 0, os.SEEK_SET)
+        os.lseek(dst, 0, os.SEEK_SET)
+        os.ftruncate(dst, 0)
+    total = 0
+    while chunk := os.read(src, _COPY_BLOCK):
+        _write_fd(dst, memoryview(chunk))
+        total += len(chunk)
+    return total
+
+
+def _write_marker(path: str, key: str) -> None:
+    tmp = os.path.join(os.path.dirname(path), f"{_TMP}{secrets.token_hex(8)}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(key)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quiet(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+__all__ = ["CacheConfig", "CacheStats", "HotCache", "PinnedFile"]

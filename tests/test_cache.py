@@ -1,0 +1,204 @@
+"""HotCache: read-through, LRU eviction, pins, write-back, corruption, several processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+
+from trainstore import open_store
+from trainstore.cache import CacheConfig, HotCache
+from trainstore.chunks import content_hash
+from trainstore.errors import CapacityError, ConfigError, IntegrityError, NotFoundError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _fill_store(store, n: int, size: int) -> dict[str, bytes]:
+    objs = {}
+    for i in range(n):
+        data = bytes([i % 251]) * (size // 2) + os.urandom(size - size // 2)
+        store.put(f"obj/{i:03d}", data)
+        objs[f"obj/{i:03d}"] = data
+    return objs
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(str(tmp_path / "durable"))
+
+
+def test_read_through_hits_and_misses(store, tmp_path):
+    objs = _fill_store(store, 3, 1000)
+    cache = HotCache(store, tmp_path / "hot", 10_000)
+    for key, data in objs.items():
+        with cache.open(key) as path:
+            assert open(path, "rb").read() == data
+    assert cache.stats.misses == 3 and cache.stats.hits == 0
+    assert cache.stats.bytes_fetched == 3000
+    with cache.pin("obj/001") as h:
+        assert bytes(h.mmap()) == objs["obj/001"]
+    assert cache.stats.hits == 1
+    assert cache.usage() == 3000
+    with pytest.raises(NotFoundError):
+        cache.pin("obj/missing")
+    assert not any(n.startswith(".tmp.") for _, _, ns in os.walk(tmp_path / "hot") for n in ns)
+
+
+def test_lru_eviction_order(store, tmp_path):
+    objs = _fill_store(store, 4, 1000)
+    cache = HotCache(store, tmp_path / "hot", 3000)
+    for key in ["obj/000", "obj/001", "obj/002"]:
+        cache.prefetch(key)
+        time.sleep(0.01)
+    cache.get("obj/000")  # now obj/001 is least recently used
+    time.sleep(0.01)
+    cache.prefetch("obj/003")
+    assert cache.contains("obj/000") and not cache.contains("obj/001")
+    assert cache.contains("obj/002") and cache.contains("obj/003")
+    assert cache.stats.evictions == 1 and cache.usage() <= 3000
+    assert cache.get("obj/001") == objs["obj/001"]  # re-fetched transparently
+
+
+def test_pinned_file_never_evicted(store, tmp_path):
+    objs = _fill_store(store, 4, 1000)
+    cache = HotCache(store, tmp_path / "hot", config=CacheConfig(2000, capacity_wait_s=0.2))
+    a = cache.pin("obj/000")
+    b = cache.pin("obj/001")
+    with pytest.raises(CapacityError, match="obj/002"):
+        cache.pin("obj/002")  # everything in use: bounded wait, then a clear error
+    assert cache.contains("obj/000") and cache.contains("obj/001")
+    b.close()
+    with cache.pin("obj/002") as c:
+        assert c.read() == objs["obj/002"]
+    assert cache.contains("obj/000") and not cache.contains("obj/001")
+    assert a.read() == objs["obj/000"]
+    a.close()
+
+
+def test_release_from_other_thread_unblocks_fill(store, tmp_path):
+    import threading
+
+    _fill_store(store, 2, 1000)
+    cache = HotCache(store, tmp_path / "hot", config=CacheConfig(1000, capacity_wait_s=10))
+    a = cache.pin("obj/000")
+    threading.Timer(0.2, a.close).start()
+    t0 = time.monotonic()
+    cache.prefetch("obj/001")
+    assert 0.1 < time.monotonic() - t0 < 5
+
+
+def test_limit_smaller_than_one_object(store, tmp_path):
+    _fill_store(store, 1, 5000)
+    cache = HotCache(store, tmp_path / "hot", 1000)
+    t0 = time.monotonic()
+    with pytest.raises(CapacityError, match="obj/000.*5000 bytes"):
+        cache.pin("obj/000")
+    with pytest.raises(CapacityError):
+        cache.pin("obj/000", size=5000)
+    assert time.monotonic() - t0 < 2
+    with pytest.raises(ConfigError):
+        HotCache(store, tmp_path / "hot2", 0)
+
+
+def test_corrupt_hot_copy_is_refetched(store, tmp_path):
+    objs = _fill_store(store, 1, 4096)
+    key, data = "obj/000", objs["obj/000"]
+    cache = HotCache(store, tmp_path / "hot", 100_000)
+    cs = content_hash(data)
+    path = cache.path_of(key)
+    cache.prefetch(key, checksum=cs, size=len(data))
+    with open(path, "r+b") as f:  # bit rot in the hot tier
+        f.seek(100)
+        f.write(b"\xff\x00\xff")
+    assert cache.get(key, checksum=cs, size=len(data)) == data
+    assert cache.stats.refetched_corrupt == 1
+    # a truncated copy is caught by the size check, in a fresh process-like cache object
+    with open(path, "r+b") as f:
+        f.truncate(10)
+    fresh = HotCache(store, tmp_path / "hot", 100_000)
+    assert fresh.get(key, checksum=cs, size=len(data)) == data
+    assert fresh.stats.refetched_corrupt == 1
+
+
+def test_corrupt_durable_copy_names_the_key(store, tmp_path):
+    store.put("obj/bad", b"x" * 100)
+    cache = HotCache(store, tmp_path / "hot", 10_000)
+    with pytest.raises(IntegrityError, match="obj/bad"):
+        cache.pin("obj/bad", checksum=content_hash(b"y" * 100))
+    assert not cache.contains("obj/bad")
+
+
+def test_write_back_entries_are_never_evicted(store, tmp_path):
+    _fill_store(store, 3, 1000)
+    cache = HotCache(store, tmp_path / "hot", config=CacheConfig(2500, capacity_wait_s=0.1))
+    cache.put_local("new/one", b"n" * 1000).close()
+    assert cache.is_local_only("new/one") and cache.pending() == ["new/one"]
+    cache.prefetch("obj/000")
+    cache.prefetch("obj/001")  # evicts obj/000, never new/one
+    assert cache.contains("new/one") and not cache.contains("obj/000")
+    assert not cache.evict("new/one")
+    cache.clear()
+    assert cache.contains("new/one")
+    assert not store.exists("new/one")
+    assert cache.flush() == ["new/one"]
+    assert bytes(store.get("new/one")) == b"n" * 1000 and cache.pending() == []
+    assert cache.evict("new/one") and not cache.contains("new/one")
+    assert cache.get("new/one") == b"n" * 1000  # now read through from the durable store
+
+
+def _worker(args):
+    durable, hot, keys, limit, rounds, sums = args
+    cache = HotCache(open_store(durable), hot, limit)
+    for r in range(rounds):
+        for i, key in enumerate(keys):
+            k = keys[(i * 7 + r) % len(keys)]
+            with cache.pin(k, checksum=sums[k]) as h:
+                data = bytes(h.mmap())
+                assert content_hash(data) == sums[k], k
+    return cache.stats.as_dict()
+
+
+def test_processes_share_one_cache_dir_fetching_each_object_once(store, tmp_path):
+    objs = _fill_store(store, 12, 20_000)
+    sums = {k: content_hash(v) for k, v in objs.items()}
+    args = (str(tmp_path / "durable"), str(tmp_path / "hot"), sorted(objs), 10**7, 2, sums)
+    with mp.get_context("spawn").Pool(4) as pool:
+        stats = pool.map(_worker, [args] * 4)
+    # the per-key download lock: every object crossed from the durable tier exactly once
+    assert sum(s["misses"] for s in stats) == 12
+    assert sum(s["bytes_fetched"] for s in stats) == 12 * 20_000
+
+
+def test_processes_share_one_small_cache_dir(store, tmp_path):
+    objs = _fill_store(store, 12, 20_000)
+    sums = {k: content_hash(v) for k, v in objs.items()}
+    limit = 100_000  # 5 objects for 4 processes pinning one each
+    args = (str(tmp_path / "durable"), str(tmp_path / "hot"), sorted(objs), limit, 3, sums)
+    with mp.get_context("spawn").Pool(4) as pool:
+        stats = pool.map(_worker, [args] * 4)
+    assert sum(s["evictions"] for s in stats) > 0
+    assert HotCache(store, tmp_path / "hot", limit).usage() <= limit
+
+
+def test_namespaces_keep_stores_apart(tmp_path):
+    s1, s2 = open_store(str(tmp_path / "a")), open_store(str(tmp_path / "b"))
+    s1.put("k", b"one")
+    s2.put("k", b"two")
+    c1 = HotCache(s1, tmp_path / "hot", 1000)
+    c2 = HotCache(s2, tmp_path / "hot", 1000)
+    assert c1.get("k") == b"one" and c2.get("k") == b"two"
+
+
+def test_s3_durable_store(s3_url, tmp_path):
+    url, opts = s3_url
+    store = open_store(url, **opts)
+    data = os.urandom(300_000)
+    store.put("shards/a.bin", data)
+    cache = HotCache(url, tmp_path / "hot", 1_000_000, **opts)
+    with cache.pin("shards/a.bin", checksum=content_hash(data), size=len(data)) as h:
+        assert bytes(h.mmap()) == data
+    assert cache.get("shards/a.bin") == data
+    assert cache.stats.misses == 1 and cache.stats.hits == 1
