@@ -1,0 +1,120 @@
+"""Read input files (JSONL, CSV, Parquet, raw binary) as a stream of Arrow tables.
+
+Each reader streams (bounded memory) through pyarrow's own readers. A file that does not
+parse raises ``SchemaError`` naming the file, and the line for JSONL (found by re-reading the
+file line by line only after the fast reader failed); a missing file is ``NotFoundError``;
+an unreadable one ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from ..errors import ConfigError, NotFoundError, SchemaError, StoreError
+from .records import to_table
+
+FORMATS = ("jsonl", "csv", "parquet", "binary")
+_EXT = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
+        ".parquet": "parquet", ".pq": "parquet"}
+BINARY_SCHEMA = pa.schema([pa.field("name", pa.string(), nullable=False),
+                           pa.field("data", pa.binary(), nullable=False)])
+
+
+def detect_format(path: str) -> str:
+    return _EXT.get(os.path.splitext(path)[1].lower(), "binary")
+
+
+def _open_check(path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise NotFoundError(f"input file {path!r} does not exist") from None
+    except OSError as exc:
+        raise StoreError(f"cannot read input file {path!r}: {exc}") from None
+
+
+def read_file(
+    path: str, *, format: str | None = None, schema: pa.Schema | None = None,
+    batch_bytes: int = 16 << 20, name: str | None = None,
+) -> Iterator[pa.Table]:
+    """Tables of roughly ``batch_bytes`` from one file (``format`` from the extension if None)."""
+    fmt = format or detect_format(path)
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown input format {fmt!r}; use one of {FORMATS}")
+    _open_check(path)
+    if fmt == "binary":
+        with open(path, "rb") as f:
+            data = f.read()
+        yield pa.table({"name": [name or os.path.basename(path)], "data": [data]}, schema=BINARY_SCHEMA)
+    elif fmt == "parquet":
+        yield from _parquet(path, batch_bytes)
+    elif fmt == "csv":
+        yield from _csv(path, schema, batch_bytes)
+    else:
+        yield from _jsonl(path, schema, batch_bytes)
+
+
+def _parquet(path: str, batch_bytes: int) -> Iterator[pa.Table]:
+    try:
+        pf = pq.ParquetFile(path)
+        meta = pf.metadata
+        row_bytes = max(1, meta.serialized_size and sum(
+            meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)
+        ) // max(1, meta.num_rows))
+        for batch in pf.iter_batches(batch_size=max(1, batch_bytes // row_bytes)):
+            yield pa.Table.from_batches([batch])
+    except (pa.ArrowException, OSError) as exc:
+        raise SchemaError(f"{path}: not a readable Parquet file: {exc}") from None
+
+
+def _csv(path: str, schema: pa.Schema | None, batch_bytes: int) -> Iterator[pa.Table]:
+    convert = pacsv.ConvertOptions(column_types={f.name: f.type for f in schema} if schema else None)
+    try:
+        reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=min(batch_bytes, 1 << 30)),
+                                convert_options=convert)
+        for batch in reader:
+            yield pa.Table.from_batches([batch])
+    except (pa.ArrowException, OSError) as exc:
+        raise SchemaError(f"{path}: CSV does not parse: {exc}") from None
+
+
+def _jsonl(path: str, schema: pa.Schema | None, batch_bytes: int) -> Iterator[pa.Table]:
+    parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error" if schema else "infer")
+    try:
+        reader = pajson.open_json(path, read_options=pajson.ReadOptions(block_size=min(batch_bytes, 1 << 30)),
+                                  parse_options=parse)
+        for batch in reader:
+            yield pa.Table.from_batches([batch])
+        return
+    except (pa.ArrowException, OSError) as exc:
+        first_error = exc
+    _locate_jsonl_error(path, schema, first_error)
+
+
+def _locate_jsonl_error(path: str, schema: pa.Schema | None, exc: BaseException) -> None:
+    """Re-read line by line to name the line that is bad; always raises."""
+    first_schema = schema
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError as bad:
+                raise SchemaError(f"{path}:{lineno}: not valid JSON: {bad}") from None
+            try:
+                table = to_table([rec], first_schema)
+            except SchemaError as bad:
+                msg = str(bad).removeprefix("record 0: ")
+                raise SchemaError(f"{path}:{lineno}: {msg}") from None
+            if first_schema is None:
+                first_schema = table.schema
+    raise SchemaError(f"{path}: JSON lines do not parse: {exc}")
