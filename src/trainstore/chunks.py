@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import blake3
 
-from .codecs import MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
+from .codecs import CODECS, MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
 from .errors import ChunkCorruptError, ConfigError, ManifestError, NotFoundError
 from .store.base import Buffer, Store
 
@@ -62,7 +62,7 @@ class ChunkRef:
         h, codec, size, stored, itemsize = obj
         if not (isinstance(h, str) and len(h) == HASH_HEX_LEN and all(c in "0123456789abcdef" for c in h)):
             raise ManifestError(f"chunk reference has a malformed hash {h!r:.80}")
-        if codec not in ("raw", "zstd", "shuffle-zstd", "shuffle-lz4"):
+        if not isinstance(codec, str) or codec not in CODECS:
             raise ManifestError(f"chunk reference has an unknown codec {codec!r:.40}")
         for name, v in (("size", size), ("stored", stored), ("itemsize", itemsize)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -71,6 +71,8 @@ class ChunkRef:
             raise ManifestError(f"chunk reference {h[:12]}: size {size}/{stored} exceeds the chunk limit")
         if not 1 <= itemsize <= 255:
             raise ManifestError(f"chunk reference {h[:12]}: itemsize {itemsize} out of range")
+        if codec == "raw" and stored != size:
+            raise ManifestError(f"chunk reference {h[:12]}: a raw chunk must store {size} bytes, not {stored}")
         return cls(h, codec, size, stored, itemsize)
 
 
@@ -89,7 +91,7 @@ class ChunkStore:
         self.store = store
         self.prefix = prefix.strip("/")
         self.codec = codec or CodecConfig()
-        self._known: set[str] = set()  # keys this process wrote or saw (skips a HEAD)
+        self._known: dict[str, int] = {}  # key -> stored size, for keys this process wrote or saw
         self._known_lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------------------------
@@ -102,26 +104,31 @@ class ChunkStore:
         codec = check_codec(codec or self.codec.codec)
         h = digest or content_hash(view)
         key = f"{self.prefix}/{h[:2]}/{h}.{codec}"
-        if self._exists(key):
-            stored = self.store.head(key).size
+        stored = self._stored_size(key)
+        if stored is not None:
             return PutResult(ChunkRef(h, codec, view.nbytes, stored, itemsize), False)
         encoded = encode(view, codec, itemsize, level=self.codec.level, threads=self.codec.threads)
+        stored = memoryview(encoded).nbytes
         self.store.put(key, encoded)
         with self._known_lock:
-            self._known.add(key)
-        return PutResult(ChunkRef(h, codec, view.nbytes, memoryview(encoded).nbytes, itemsize), True)
+            self._known[key] = stored
+        return PutResult(ChunkRef(h, codec, view.nbytes, stored, itemsize), True)
 
-    def _exists(self, key: str) -> bool:
+    def _stored_size(self, key: str) -> int | None:
+        """Stored size of ``key`` if it exists (one HEAD at most per key and process)."""
         with self._known_lock:
             if key in self._known:
-                return True
+                return self._known[key]
         try:
-            self.store.head(key)
+            size = self.store.head(key).size
         except NotFoundError:
-            return False
+            return None
         with self._known_lock:
-            self._known.add(key)
-        return True
+            self._known[key] = size
+        return size
+
+    def _exists(self, key: str) -> bool:
+        return self._stored_size(key) is not None
 
     def forget(self, keys: set[str] | None = None) -> None:
         """Drop cached existence knowledge (after GC deleted chunks)."""
@@ -129,12 +136,17 @@ class ChunkStore:
             if keys is None:
                 self._known.clear()
             else:
-                self._known -= keys
+                for key in keys:
+                    self._known.pop(key, None)
 
     # -- reading ---------------------------------------------------------------------------
     def get(self, ref: ChunkRef, out: memoryview | None = None) -> Buffer:
         """Read, decode (into ``out`` if given) and verify one chunk."""
         key = ref.key(self.prefix)
+        if out is not None and memoryview(out).nbytes != ref.size:
+            raise ConfigError(
+                f"chunk {key}: output buffer has {memoryview(out).nbytes} bytes, the chunk {ref.size}"
+            )
         stored = self.store.get(key)
         n = memoryview(stored).nbytes
         if n != ref.stored:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import TrainstoreError
 
@@ -32,7 +33,8 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except TrainstoreError as exc:
-            err_console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}", highlight=False)
+            err_console.print(f"[red]error:[/red] {type(exc).__name__}: {escape(str(exc))}", highlight=False,
+                              soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

@@ -6,6 +6,7 @@ from collections import defaultdict
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..store import open_store
@@ -29,14 +30,14 @@ def ls(
     allow_http: Optional[bool] = HttpOpt,
 ) -> None:
     """List the objects of a store."""
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = open_store(url, create=False, **store_options(endpoint, region, allow_http))
     metas = sorted(store.list(prefix), key=lambda m: m.key)
     if json_out:
         emit_json([{"key": m.key, "size": m.size, "mtime": m.mtime} for m in metas])
         return
-    table = Table("key", "size", title=store.url)
+    table = Table("key", "size", title=escape(store.url))
     for m in metas:
-        table.add_row(m.key, f"{m.size:,}")
+        table.add_row(escape(m.key), f"{m.size:,}")
     console.print(table)
 
 
@@ -44,14 +45,14 @@ def ls(
 @handle_errors
 def du(
     url: str,
-    depth: int = typer.Option(1, "--depth", "-d", help="group keys by this many path segments"),
+    depth: int = typer.Option(1, "--depth", "-d", min=1, help="group keys by this many path segments"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     endpoint: Optional[str] = EndpointOpt,
     region: Optional[str] = RegionOpt,
     allow_http: Optional[bool] = HttpOpt,
 ) -> None:
     """Bytes and object counts per top-level prefix."""
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = open_store(url, create=False, **store_options(endpoint, region, allow_http))
     sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for m in store.list(""):
         group = "/".join(m.key.split("/")[:depth])
@@ -63,9 +64,9 @@ def du(
         emit_json({"url": store.url, "total_bytes": total,
                    "groups": [{"prefix": k, "bytes": v[0], "objects": v[1]} for k, v in rows]})
         return
-    table = Table("prefix", "bytes", "objects", title=f"{store.url}: {total:,} bytes")
+    table = Table("prefix", "bytes", "objects", title=escape(f"{store.url}: {total:,} bytes"))
     for k, (b, n) in rows:
-        table.add_row(k, f"{b:,}", f"{n:,}")
+        table.add_row(escape(k), f"{b:,}", f"{n:,}")
     console.print(table)
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator, Sequence
 
 from ..errors import (
     AlreadyExistsError,
     CapacityError,
+    ConfigError,
     IntegrityError,
+    InvalidKeyError,
     NotFoundError,
     StoreError,
 )
@@ -49,39 +52,81 @@ def io_error(exc: OSError, what: str) -> StoreError:
 
 
 class LocalStore(Store):
-    """Objects are files under ``root``; keys map to relative paths."""
+    """Objects are files under ``root``; keys map to relative paths.
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    ``create=False`` opens an existing directory only (``NotFoundError`` otherwise), for
+    read-only callers such as ``trainstore store ls`` that must not leave directories behind.
+    A local store cannot hold both ``a`` and ``a/b`` (a file cannot also be a directory);
+    such a key raises ``InvalidKeyError``.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, create: bool = True) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
         self.url = "file://" + self.root
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ConfigError(f"store root {self.root} exists and is not a directory")
+        if not create and not os.path.isdir(self.root):
+            raise NotFoundError(f"no store directory at {self.root}")
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise io_error(exc, f"creating store directory {self.root}") from exc
         self._known_dirs: set[str] = {self.root}
+        self._dirs_lock = threading.Lock()
 
     # -- helpers ---------------------------------------------------------------------------
     def _path(self, key: str) -> str:
         validate_key(key)
         for part in key.split("/"):
             if part.startswith(TEMP_PREFIX):
-                from ..errors import InvalidKeyError
-
                 raise InvalidKeyError(f"key segment {part!r} uses the reserved prefix {TEMP_PREFIX!r}")
         return os.path.join(self.root, *key.split("/"))
 
-    def _ensure_dir(self, directory: str) -> None:
-        if directory in self._known_dirs:
-            return
-        os.makedirs(directory, exist_ok=True)
-        self._known_dirs.add(directory)
+    def _ensure_dir(self, directory: str, key: str) -> None:
+        """Create ``directory`` (and missing parents); fsync each new entry's parent, so a
+        crash cannot lose the directory that holds a durable object."""
+        with self._dirs_lock:
+            if directory in self._known_dirs:
+                return
+        missing = []
+        d = directory
+        while d != self.root and not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    rel = os.path.relpath(d, self.root).replace(os.sep, "/")
+                    raise InvalidKeyError(
+                        f"key {key!r} needs directory {rel!r}, but an object {rel!r} exists in "
+                        f"{self.url} (a local store cannot hold both 'x' and 'x/...')"
+                    ) from None
+                continue  # created concurrently
+            except NotADirectoryError:
+                raise InvalidKeyError(
+                    f"key {key!r} lies under an existing object in {self.url} (a local store "
+                    "cannot hold both 'x' and 'x/...')"
+                ) from None
+            if self.fsync:
+                _fsync_dir(os.path.dirname(d))
+        with self._dirs_lock:
+            self._known_dirs.add(directory)
 
-    def _write_temp(self, path: str, data: Buffer) -> str:
+    def _write_temp(self, path: str, data: Buffer, key: str) -> str:
         directory = os.path.dirname(path)
-        self._ensure_dir(directory)
-        tmp = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(8)}.{os.path.basename(path)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._ensure_dir(directory, key)
+        # The temp name stays short (NAME_MAX is 255) and is unique per writer.
+        tmp = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(8)}.{os.path.basename(path)[:64]}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # the directory was removed behind our back: recreate it
+            with self._dirs_lock:
+                self._known_dirs.discard(directory)
+            self._ensure_dir(directory, key)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _write_all(fd, data)
             if self.fsync:
@@ -114,8 +159,6 @@ class LocalStore(Store):
         path = self._path(key)
         for start, length in ranges:
             if start < 0 or length < 0:
-                from ..errors import ConfigError
-
                 raise ConfigError(f"bad range start={start} length={length} for {key!r}")
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -137,11 +180,23 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
+    def _not_a_directory(self, key: str, path: str) -> None:
+        if os.path.isdir(path):
+            raise InvalidKeyError(
+                f"key {key!r} names a directory of other keys in {self.url} (a local store "
+                "cannot hold both 'x' and 'x/...')"
+            )
+
     def put(self, key: str, data: Buffer) -> ObjectMeta:
         path = self._path(key)
+        self._not_a_directory(key, path)
         try:
-            tmp = self._write_temp(path, data)
-            os.replace(tmp, path)
+            tmp = self._write_temp(path, data, key)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
             if self.fsync:
                 _fsync_dir(os.path.dirname(path))
             return self._meta(key, os.stat(path))
@@ -150,15 +205,17 @@ class LocalStore(Store):
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
         path = self._path(key)
+        self._not_a_directory(key, path)
         if os.path.exists(path):
             raise AlreadyExistsError(f"object {key!r} already exists in {self.url}")
         try:
-            tmp = self._write_temp(path, data)
+            tmp = self._write_temp(path, data, key)
         except OSError as exc:
             raise io_error(exc, f"writing {key!r} to {self.url}") from exc
         try:
             os.link(tmp, path)  # atomic; fails if the name is taken
         except FileExistsError:
+            self._not_a_directory(key, path)
             raise AlreadyExistsError(f"object {key!r} already exists in {self.url}") from None
         except OSError as exc:
             raise io_error(exc, f"committing {key!r} to {self.url}") from exc

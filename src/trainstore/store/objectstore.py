@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -29,6 +30,7 @@ from ..errors import (
     StoreUnavailableError,
 )
 from .base import Buffer, ObjectMeta, Store, validate_key, validate_prefix
+from .retrying import backoff_delays, is_body_error
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,15 @@ def _split_bucket(url: str, scheme: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+#: Environment variables of credential sources object_store resolves itself without
+#: probing the instance-metadata endpoint (web identity / IRSA, ECS container credentials).
+_FEDERATED_ENV = (
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+
+
 def build_s3(url: str, s3: S3Options, retry: RetryOptions) -> S3Store:
     """An obstore S3Store for ``url``, failing early (no network) on missing credentials."""
     bucket, prefix = _split_bucket(url, "s3")
@@ -101,7 +112,8 @@ def build_s3(url: str, s3: S3Options, retry: RetryOptions) -> S3Store:
     secret = s3.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY")
     token = s3.session_token or os.environ.get("AWS_SESSION_TOKEN")
     region = s3.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    if not s3.skip_signature and not (key_id and secret):
+    federated = any(os.environ.get(v) for v in _FEDERATED_ENV)
+    if not s3.skip_signature and not (key_id and secret) and not federated:
         # Without this check object_store would fall back to the instance-metadata endpoint
         # and hang on a machine that has none.
         raise CredentialsError(
@@ -117,7 +129,7 @@ def build_s3(url: str, s3: S3Options, retry: RetryOptions) -> S3Store:
         config["virtual_hosted_style_request"] = False
     if s3.skip_signature:
         config["skip_signature"] = True
-    else:
+    elif key_id and secret:
         config["access_key_id"] = key_id
         config["secret_access_key"] = secret
         if token:
@@ -153,28 +165,41 @@ def build_other(url: str, retry: RetryOptions, options: dict) -> object:
         raise ConfigError(f"cannot open {url}: {exc}") from None
 
 
+def _is_missing_bucket(exc: BaseException) -> bool:
+    text = str(exc)
+    return "NoSuchBucket" in text or "bucket does not exist" in text.lower()
+
+
 class ObjectStore(Store):
     """A ``Store`` over any obstore backend."""
 
-    def __init__(self, inner: object, url: str) -> None:
+    def __init__(self, inner: object, url: str, *, retry: RetryOptions | None = None,
+                 commit_inner: object | None = None) -> None:
         self._inner = inner
         self.url = url
+        # Our own retries for what obstore does not retry (see store/retrying.py), and a twin
+        # client without obstore's retries for conditional creates, so every attempt whose
+        # outcome is unknown passes through put_if_absent's own-write check.
+        self._retry = retry or RetryOptions()
+        self._commit_inner = commit_inner if commit_inner is not None else inner
 
     def _error(self, exc: BaseException, key: str, action: str) -> Exception:
         where = f"{key!r} in {self.url}" if key else self.url
         msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-        if isinstance(exc, oe.NotFoundError):
-            if "NoSuchBucket" in str(exc) or "bucket does not exist" in str(exc).lower():
+        # obstore 0.12 raises the built-in FileNotFoundError for a missing object (its own
+        # NotFoundError class is kept for older versions).
+        if isinstance(exc, (oe.NotFoundError, FileNotFoundError)):
+            if _is_missing_bucket(exc):
                 return NotFoundError(f"bucket of {self.url} does not exist ({action} {where})")
             return NotFoundError(f"no object {where}")
-        if isinstance(exc, oe.AlreadyExistsError):
+        if isinstance(exc, (oe.AlreadyExistsError, FileExistsError)):
             return AlreadyExistsError(f"object {where} already exists")
         if isinstance(exc, oe.PreconditionError):
             return ConflictError(f"conditional {action} of {where} lost a race: {msg}")
-        if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)):
+        if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError, PermissionError)):
             return CredentialsError(f"{action} {where} was refused: {msg}")
         text = str(exc)
-        if "NoSuchBucket" in text:
+        if _is_missing_bucket(exc):
             return NotFoundError(f"bucket of {self.url} does not exist ({action} {where})")
         if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")):
             return CredentialsError(f"{action} {where} was refused: {msg}")
@@ -200,6 +225,8 @@ class ObjectStore(Store):
             if start < 0 or length < 0:
                 raise ConfigError(f"bad range start={start} length={length} for {key!r}")
         nonempty = [(s, n) for s, n in ranges if n > 0]
+        if not nonempty:
+            self.head(key)  # only empty ranges: still a missing key is NotFoundError
         try:
             got = (
                 obstore.get_ranges(
@@ -230,16 +257,49 @@ class ObjectStore(Store):
         validate_key(key)
         view = memoryview(data).cast("B")
         try:
-            obstore.put(self._inner, key, view, mode=mode)
+            result = obstore.put(self._inner, key, view, mode=mode)
         except Exception as exc:
             raise self._error(exc, key, "put") from None
-        return ObjectMeta(key, view.nbytes)
+        return ObjectMeta(key, view.nbytes, result.get("e_tag") if isinstance(result, dict) else None)
 
     def put(self, key: str, data: Buffer) -> ObjectMeta:
         return self._put(key, data, "overwrite")
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        return self._put(key, data, "create")
+        """Conditional create, retried on transient errors.
+
+        An attempt that failed with an unknown outcome (reset, timeout, lost response) may
+        have committed. If a later attempt finds the key taken, the stored bytes decide:
+        equal to ours -> our own earlier attempt won (success); different -> another
+        writer won (``AlreadyExistsError``).
+        """
+        validate_key(key)
+        view = memoryview(data).cast("B")
+        uncertain = False
+        delays = backoff_delays(self._retry)
+        while True:
+            try:
+                result = obstore.put(self._commit_inner, key, view, mode="create")
+                return ObjectMeta(key, view.nbytes, result.get("e_tag") if isinstance(result, dict) else None)
+            except Exception as exc:
+                err = self._error(exc, key, "put_if_absent")
+            if isinstance(err, AlreadyExistsError) and uncertain and self._holds(key, view):
+                return self.head(key)
+            if not isinstance(err, StoreUnavailableError):
+                raise err
+            uncertain = True
+            delay = next(delays, None)
+            if delay is None:
+                raise err
+            time.sleep(delay)
+
+    def _holds(self, key: str, view: memoryview) -> bool:
+        """True if ``key`` currently stores exactly the bytes of ``view``."""
+        try:
+            meta = self.head(key)
+            return meta.size == view.nbytes and memoryview(self.get(key)).cast("B") == view
+        except NotFoundError:
+            return False
 
     def head(self, key: str) -> ObjectMeta:
         validate_key(key)
@@ -252,21 +312,43 @@ class ObjectStore(Store):
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix)
         directory = prefix.rpartition("/")[0]
-        try:
-            stream = obstore.list(self._inner, directory or None, chunk_size=1000)
-            for batch in stream:
-                for m in batch:
-                    key = m["path"]
-                    if key.startswith(prefix):
-                        yield ObjectMeta(key, m["size"], m.get("e_tag"), m["last_modified"].timestamp())
-        except Exception as exc:
-            raise self._error(exc, prefix, "list") from None
+        # obstore does not retry a listing whose body was cut short: resume after the last
+        # key yielded (listings come in lexicographic order), so nothing repeats or is lost.
+        last: str | None = None
+        delays = backoff_delays(self._retry)
+        while True:
+            try:
+                kwargs = {"offset": last} if last is not None else {}
+                stream = obstore.list(self._inner, directory or None, chunk_size=1000, **kwargs)
+                for batch in stream:
+                    for m in batch:
+                        key = m["path"]
+                        if key.startswith(prefix):
+                            yield ObjectMeta(key, m["size"], m.get("e_tag"), m["last_modified"].timestamp())
+                        last = key
+                return
+            except Exception as exc:
+                err = self._error(exc, prefix, "list")
+                body_error = is_body_error(str(exc))  # other failures obstore already retried
+            delay = next(delays, None) if isinstance(err, StoreUnavailableError) and body_error else None
+            if delay is None:
+                raise err
+            time.sleep(delay)
 
     def delete(self, key: str) -> None:
         validate_key(key)
-        try:
-            obstore.delete(self._inner, key)
-        except oe.NotFoundError:
-            return
-        except Exception as exc:
-            raise self._error(exc, key, "delete") from None
+        delays = backoff_delays(self._retry)  # delete is idempotent; obstore does not retry it
+        while True:
+            try:
+                obstore.delete(self._inner, key)
+                return
+            except (oe.NotFoundError, FileNotFoundError) as exc:
+                if _is_missing_bucket(exc):  # a missing key is fine; a missing bucket is not
+                    raise self._error(exc, key, "delete") from None
+                return
+            except Exception as exc:
+                err = self._error(exc, key, "delete")
+            delay = next(delays, None) if isinstance(err, StoreUnavailableError) else None
+            if delay is None:
+                raise err
+            time.sleep(delay)
