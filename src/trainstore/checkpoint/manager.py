@@ -1,0 +1,610 @@
+"""``CheckpointManager``: save (async, incremental), list, verify and restore checkpoints.
+
+    mgr = CheckpointManager("s3://bucket/prefix", job="run-1",
+                            policy=CheckpointPolicy(full_every=1000, incremental_every=100))
+    for step in range(...):
+        ...
+        if mgr.should_save(step):
+            mgr.save(step, {"model": model.state_dict(), "optim": opt.state_dict()},
+                     metrics={"val_loss": loss})      # returns after the host copy
+    mgr.close()                                       # waits; raises background errors
+    state = mgr.restore()                             # newest checkpoint that verifies
+    print(mgr.last_restore)                           # which step, why, what was skipped
+
+A save flattens the state (rejecting what would need pickle), copies it into a reusable
+host arena (the only part on the caller's clock) and hands it to one background thread
+that writes the chunks (``writer``) and commits the manifest last. The arena of the latest
+full checkpoint is kept as the base for XOR deltas of the following incrementals, so an
+incremental never reads the store. Errors of a background save are logged at once and
+raised (``BackgroundError``) at the next ``save``/``wait``/``close``.
+
+Pluggable: ``hooks`` are called as ``hook(info, manager)`` after each committed save (on the
+background thread: retention, tiering, metrics export); all store access goes through the
+``Store`` interface, so a tiered store can be passed instead of a URL.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import subprocess
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..chunks import ChunkStore
+from ..codecs import CodecConfig
+from ..errors import (
+    AlreadyExistsError,
+    BackgroundError,
+    ConfigError,
+    NoValidCheckpointError,
+    NotFoundError,
+    StoreUnavailableError,
+    TrainstoreError,
+)
+from ..store import open_store
+from ..store.base import Store
+from . import manifest as mf
+from .manifest import ChunkEntry, Manifest
+from .reader import load_into, load_state
+from .staging import Arena, StagedTensor, Stager, plan
+from .state import flatten
+from .verify import record as record_verify
+from .verify import verify_manifest
+from .writer import WriteOptions, WriteStats, write_tensors
+
+log = logging.getLogger("trainstore.checkpoint")
+
+ON_BUSY = ("wait", "skip")
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When to save and how to behave when a save is still running.
+
+    ``full_every``/``incremental_every``: steps that are multiples of ``full_every`` get a full
+    checkpoint, other multiples of ``incremental_every`` an incremental (0 or None: never).
+    ``on_busy``: a save while another is in flight ``"wait"``s for it or is ``"skip"``ped with a
+    warning. ``keep_base_in_memory``: keep the last full checkpoint's host copy so
+    incrementals XOR against memory instead of re-reading the store (costs one state-sized
+    buffer).
+    """
+
+    full_every: int = 1000
+    incremental_every: int | None = 100
+    on_busy: str = "wait"
+    keep_base_in_memory: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.full_every, int) or self.full_every < 1:
+            raise ConfigError(f"full_every must be a positive int, got {self.full_every!r}")
+        if self.incremental_every is not None and (not isinstance(self.incremental_every, int) or self.incremental_every < 0):
+            raise ConfigError(f"incremental_every must be None or a non-negative int, got {self.incremental_every!r}")
+        if self.on_busy not in ON_BUSY:
+            raise ConfigError(f"on_busy must be one of {ON_BUSY}, got {self.on_busy!r}")
+
+    def should_save(self, step: int) -> str | None:
+        if step % self.full_every == 0:
+            return "full"
+        if self.incremental_every and step % self.incremental_every == 0:
+            return "incremental"
+        return None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed checkpoint as ``list()`` reports it."""
+
+    step: int
+    kind: str
+    base_step: int | None
+    created: float
+    metrics: dict[str, Any]
+    config: dict[str, Any]
+    logical_bytes: int
+    stored_bytes: int
+    written_bytes: int
+    tensors: int
+    status: str  # "unverified" | "ok" | "bad" | "unreadable"
+    verified_at: float | None = None
+    errors: tuple[str, ...] = ()
+    code_version: str | None = None
+
+    @classmethod
+    def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None) -> CheckpointInfo:
+        status = "unverified" if rec is None else ("ok" if rec.ok else "bad")
+        return cls(m.step, m.kind, m.base_step, m.created, m.metrics, m.config, m.logical_bytes,
+                   m.stored_bytes, m.written_bytes, len(m.tensors), status,
+                   rec.checked_at if rec else None, rec.errors if rec else (),
+                   m.metadata.get("code_version"))
+
+
+@dataclass
+class RestoreResult:
+    """What ``restore`` chose and why; ``skipped`` lists (step, reason) of every rejected one."""
+
+    step: int
+    kind: str
+    reason: str
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    state: Any = None
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        s = f"restored step {self.step} ({self.kind}): {self.reason}"
+        if self.skipped:
+            s += "; skipped " + ", ".join(f"{st} ({why})" for st, why in self.skipped)
+        return s
+
+
+class SaveHandle:
+    """A save in flight: ``wait()`` blocks until durable (raising its error), ``done()`` polls."""
+
+    def __init__(self, step: int, kind: str, future: Future | None = None, skipped: bool = False,
+                 blocked_s: float = 0.0) -> None:
+        self.step = step
+        self.kind = kind
+        self.skipped = skipped
+        self.blocked_s = blocked_s  # time the caller was blocked (flatten + staging copy)
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
+        if self._future is None:
+            return None
+        return self._future.result(timeout)
+
+    @property
+    def info(self) -> CheckpointInfo | None:
+        return self._future.result() if self._future is not None and self._future.done() else None
+
+    def __repr__(self) -> str:
+        state = "skipped" if self.skipped else ("done" if self.done() else "pending")
+        return f"SaveHandle(step={self.step}, kind={self.kind!r}, {state})"
+
+
+def code_version(path: str | None = None) -> str | None:
+    """``git:<sha>[-dirty]`` of the working directory, or None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
+                               capture_output=True, text=True, timeout=5)
+        return f"git:{sha.stdout.strip()}" + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+_BASE_MISSING = object()
+
+
+class CheckpointManager:
+    """Saves and restores the checkpoints of one job in one store (see module docstring)."""
+
+    def __init__(self, store: str | Store, job: str, policy: CheckpointPolicy | None = None, *,
+                 options: WriteOptions | None = None, store_options: dict | None = None,
+                 hooks: Sequence[Callable[[CheckpointInfo, CheckpointManager], None]] = (),
+                 pin_memory: bool | None = None, read_workers: int = 4) -> None:
+        self.job = mf.check_job(job)
+        self.policy = policy or CheckpointPolicy()
+        self.options = options or WriteOptions()
+        self._owns_store = isinstance(store, str)
+        self.store: Store = open_store(store, **(store_options or {})) if isinstance(store, str) else store
+        self.chunks = ChunkStore(self.store, codec=CodecConfig(self.options.codec, self.options.level,
+                                                               self.options.codec_threads))
+        self.hooks: list[Callable[[CheckpointInfo, CheckpointManager], None]] = list(hooks)
+        self.read_workers = read_workers
+        self.last_restore: RestoreResult | None = None
+        self._stager = Stager(pin_memory)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-ckpt-save")
+        self._lock = threading.Lock()
+        self._inflight: tuple[int, Future] | None = None
+        self._error: BaseException | None = None
+        self._error_step: int | None = None
+        self._base: Manifest | None = None  # last full checkpoint committed by this manager
+        self._base_views: dict[str, memoryview] | None = None
+        self._base_arena: Arena | None = None
+        self._closed = False
+        self._code_version = code_version()
+        _live_managers.add(self)
+
+    # -- policy ----------------------------------------------------------------------------
+    def should_save(self, step: int) -> str | None:
+        """None, "full" or "incremental" for ``step`` under the policy."""
+        return self.policy.should_save(step)
+
+    # -- saving ----------------------------------------------------------------------------
+    def save(self, step: int, state: Any, metrics: dict | None = None, config: dict | None = None, *,
+             blocking: bool = False, kind: str | None = None, extra: dict | None = None) -> SaveHandle:
+        """Checkpoint ``state`` as ``step``. Returns once the state is copied to host buffers."""
+        t0 = time.perf_counter()
+        self._check_open()
+        self._raise_background()
+        mf.check_step(step)
+        kind = kind or self.policy.should_save(step) or "full"
+        if kind not in mf.KINDS:
+            raise ConfigError(f"kind must be one of {mf.KINDS}, got {kind!r}")
+        with self._lock:
+            busy = self._inflight
+        if busy is not None and not busy[1].done():
+            if busy[0] == step:
+                raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} is being saved already")
+            if self.policy.on_busy == "skip":
+                msg = f"checkpoint step {step} skipped: step {busy[0]} is still being saved (on_busy='skip')"
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                log.warning(msg)
+                return SaveHandle(step, kind, None, skipped=True)
+            self._wait_inflight()
+        if self.store.exists(mf.manifest_key(self.job, step)):
+            raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {self.store.url}")
+        metadata = {"config": _jsonable(config or {}, "config"), "metrics": _jsonable(metrics or {}, "metrics"),
+                    "created": time.time(), "code_version": self._code_version,
+                    "extra": _jsonable(extra or {}, "extra")}
+        skeleton, leaves = flatten(state)
+        base = self._base_for(kind, step)
+        if kind == "incremental" and base is None:
+            log.info("step %d: no full checkpoint to diff against, saving a full checkpoint", step)
+            kind = "full"
+        _offsets, total = plan(leaves)
+        arena = self._stager.acquire(total)
+        try:
+            staged = self._stager.stage(leaves, arena)
+        except BaseException:
+            self._stager.release(arena)
+            raise
+        del leaves  # the live tensors may change from here on
+        blocked = time.perf_counter() - t0
+        fut = self._executor.submit(self._write, step, kind, skeleton, staged, arena, base, metadata)
+        with self._lock:
+            self._inflight = (step, fut)
+        handle = SaveHandle(step, kind, fut, blocked_s=blocked)
+        if blocking:
+            self._wait_inflight()
+        return handle
+
+    def _base_for(self, kind: str, step: int) -> Manifest | None:
+        if kind != "incremental":
+            return None
+        if self._base is not None and self._base.step < step and self.store.exists(self._base.key):
+            return self._base
+        # a fresh process (or the base was deleted): the newest full checkpoint before step
+        for s in reversed(mf.list_steps(self.store, self.job)):
+            if s >= step:
+                continue
+            try:
+                m = mf.load_manifest(self.store, self.job, s)
+            except TrainstoreError:
+                continue
+            if m.kind == "full":
+                self._set_base(m, None, None)
+                return m
+        return None
+
+    def _set_base(self, m: Manifest, views: dict[str, memoryview] | None, arena: Arena | None) -> None:
+        old = self._base_arena
+        self._base, self._base_views, self._base_arena = m, views, arena
+        if old is not None and old is not arena:
+            self._stager.release(old)
+
+    def _write(self, step: int, kind: str, skeleton: Any, staged: list[StagedTensor], arena: Arena,
+               base: Manifest | None, metadata: dict) -> CheckpointInfo:
+        keep_arena = False
+        try:
+            lookup = self._lookup(base) if base is not None else None
+            entries, stats = write_tensors(self.chunks, staged, self.options, lookup)
+            m = Manifest(job=self.job, step=step, kind=kind, tensors=entries, skeleton=skeleton,
+                         base_step=base.step if base is not None else None, chunk_bytes=self.options.chunk_bytes,
+                         metadata=metadata, logical_bytes=stats.logical_bytes, stored_bytes=stats.stored_bytes,
+                         written_bytes=stats.written_bytes)
+            mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
+            _log_saved(m, stats)
+            if kind == "full":
+                if self.policy.keep_base_in_memory:
+                    self._set_base(m, {t.name: t.data for t in staged}, arena)
+                    keep_arena = True
+                else:
+                    self._set_base(m, None, None)
+            info = CheckpointInfo.from_manifest(m)
+        except BaseException as exc:
+            with self._lock:
+                if self._error is None:
+                    self._error, self._error_step = exc, step
+            log.error("background checkpoint save of step %d (job %r) failed: %s", step, self.job, exc)
+            raise
+        finally:
+            if not keep_arena:
+                self._stager.release(arena)
+        for hook in self.hooks:
+            try:
+                hook(info, self)
+            except Exception as exc:  # committed already; report, do not undo
+                with self._lock:
+                    if self._error is None:
+                        self._error, self._error_step = exc, step
+                log.error("checkpoint hook %r failed after step %d was committed: %s", hook, step, exc)
+        return info
+
+    def _lookup(self, base: Manifest):  # noqa: ANN202 - see writer.BaseLookup
+        views = self._base_views if (self._base is base and self._base_views is not None) else None
+        chunk_bytes = base.chunk_bytes
+        if chunk_bytes != self.options.chunk_bytes:
+            return None
+
+        def lookup(name: str, dtype: str, idx: int, size: int) -> tuple[ChunkEntry, Callable[[], memoryview]] | None:
+            t = base.tensors.get(name)
+            if t is None or t.dtype != dtype or idx >= len(t.chunks) or t.chunks[idx].size != size:
+                return None
+            entry = t.chunks[idx]
+            if views is not None and name in views:
+                start = idx * chunk_bytes
+                return entry, lambda: views[name][start:start + size]
+            return entry, lambda: memoryview(self.chunks.get(entry.ref))
+
+        return lookup
+
+    def _wait_inflight(self) -> None:
+        with self._lock:
+            busy = self._inflight
+        if busy is not None:
+            try:
+                busy[1].result()
+            except BaseException:
+                pass
+        self._raise_background()
+
+    def _raise_background(self) -> None:
+        with self._lock:
+            exc, step = self._error, self._error_step
+            self._error = self._error_step = None
+        if exc is not None:
+            raise BackgroundError(f"background checkpoint save of step {step} (job {self.job!r}) failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
+    def wait(self) -> None:
+        """Block until every in-flight save is durable; raise a background error if one failed."""
+        self._wait_inflight()
+
+    def pending(self) -> int | None:
+        """The step being saved in the background, or None."""
+        with self._lock:
+            busy = self._inflight
+        return busy[0] if busy is not None and not busy[1].done() else None
+
+    def close(self) -> None:
+        """Wait for pending saves, release buffers and the store (if opened here)."""
+        if self._closed:
+            return
+        try:
+            self._wait_inflight()
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=True)
+            self._base_views = None
+            self._base_arena = None
+            _live_managers.discard(self)
+            if self._owns_store:
+                self.store.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"checkpoint manager of job {self.job!r} is closed")
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- listing & verification ------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Committed steps, ascending."""
+        return mf.list_steps(self.store, self.job)
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def manifest(self, step: int) -> Manifest:
+        return mf.load_manifest(self.store, self.job, step)
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every committed checkpoint, oldest first (unreadable manifests as status 'unreadable')."""
+        out = []
+        for step in self.steps():
+            try:
+                m = self.manifest(step)
+            except NotFoundError:
+                continue
+            except TrainstoreError as exc:
+                if isinstance(exc, StoreUnavailableError):
+                    raise
+                out.append(CheckpointInfo(step, "?", None, 0.0, {}, {}, 0, 0, 0, 0, "unreadable", None, (str(exc),)))
+                continue
+            out.append(CheckpointInfo.from_manifest(m, mf.load_verify_record(self.store, self.job, step)))
+        return out
+
+    def verify(self, step: int | None = None, deep: bool = True) -> list[mf.VerifyRecord]:
+        """Verify one step (or all); records each outcome in the store; returns the records."""
+        steps = [mf.check_step(step)] if step is not None else self.steps()
+        records = []
+        for s in steps:
+            try:
+                m = self.manifest(s)
+                rec = verify_manifest(self.chunks, m, deep=deep, workers=self.read_workers)
+            except StoreUnavailableError:
+                raise
+            except TrainstoreError as exc:
+                if step is not None and isinstance(exc, NotFoundError) and not self.store.exists(mf.manifest_key(self.job, s)):
+                    raise NotFoundError(f"no checkpoint step {s} for job {self.job!r}") from None
+                rec = mf.new_verify_record(s, deep, [f"manifest: {exc}"], 0)
+            record_verify(self.chunks, self.job, rec)
+            if not rec.ok:
+                log.warning("checkpoint step %d of job %r failed verification: %s", s, self.job, "; ".join(rec.errors[:3]))
+            records.append(rec)
+        return records
+
+    # -- restoring -------------------------------------------------------------------------
+    def restore(self, step: int | None = None, *, best: str | None = None, mode: str = "min",
+                retry_bad: bool = False) -> Any:
+        """The state of the newest checkpoint that loads and verifies (or of ``step``/``best``).
+
+        Sets ``last_restore`` (a ``RestoreResult``) saying which step was chosen and why.
+        """
+        return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad).state
+
+    def restore_into(self, state: Any, step: int | None = None, *, best: str | None = None, mode: str = "min",
+                     retry_bad: bool = False) -> RestoreResult:
+        """Restore into the tensors of ``state`` in place (no extra copy); returns the result."""
+        return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad, into=state)
+
+    def restore_with_info(self, step: int | None = None, *, best: str | None = None, mode: str = "min",
+                          retry_bad: bool = False, into: Any = None) -> RestoreResult:
+        self._check_open()
+        t0 = time.perf_counter()
+        if step is not None and best is not None:
+            raise ConfigError("pass either step= or best=, not both")
+        if mode not in ("min", "max"):
+            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+        skipped: list[tuple[int, str]] = []
+        if step is not None:
+            mf.check_step(step)
+            if not self.store.exists(mf.manifest_key(self.job, step)):
+                raise NotFoundError(f"no checkpoint step {step} for job {self.job!r} in {self.store.url} "
+                                    f"(committed: {self.steps()[-10:]})")
+            order = [(step, f"step {step} was asked for")]
+            retry_bad = True
+        elif best is not None:
+            order = self._best_order(best, mode, skipped)
+        else:
+            order = [(s, "newest checkpoint that verifies") for s in reversed(self.steps())]
+            if not order:
+                raise NoValidCheckpointError(f"job {self.job!r} has no checkpoints in {self.store.url}")
+        for s, why in order:
+            if not retry_bad:
+                rec = mf.load_verify_record(self.store, self.job, s)
+                if rec is not None and not rec.ok:
+                    reason = f"verification recorded it as bad: {'; '.join(rec.errors[:2])}"
+                    skipped.append((s, reason))
+                    log.warning("restore: skipping step %d of job %r: %s", s, self.job, reason)
+                    continue
+            try:
+                m = self.manifest(s)
+                self._check_base(m)
+                state = load_state(self.chunks, m, self.read_workers) if into is None \
+                    else load_into(self.chunks, m, into, self.read_workers)
+            except StoreUnavailableError:
+                raise
+            except ConfigError:
+                raise  # a mismatch with the target state, not a bad checkpoint
+            except TrainstoreError as exc:
+                if step is not None:
+                    raise
+                reason = f"{type(exc).__name__}: {exc}"
+                skipped.append((s, reason))
+                log.warning("restore: skipping step %d of job %r: %s", s, self.job, reason)
+                record_verify(self.chunks, self.job, mf.new_verify_record(s, False, [reason], 0))
+                continue
+            if skipped and why.startswith("newest"):
+                why = f"newest checkpoint that verifies ({len(skipped)} newer skipped)"
+            result = RestoreResult(s, m.kind, why, skipped, state, time.perf_counter() - t0)
+            self.last_restore = result
+            log.info("restore: %s", result)
+            return result
+        self.last_restore = None
+        raise NoValidCheckpointError(
+            f"no checkpoint of job {self.job!r} could be restored; tried: "
+            + "; ".join(f"step {s}: {why}" for s, why in skipped)
+        )
+
+    def _check_base(self, m: Manifest) -> None:
+        if m.kind == "incremental":
+            try:
+                base = self.manifest(m.base_step)  # type: ignore[arg-type]
+            except NotFoundError:
+                raise NotFoundError(f"base full checkpoint step {m.base_step} of incremental step {m.step} is missing") from None
+            if base.kind != "full":
+                raise mf.ManifestError(f"base step {m.base_step} of step {m.step} is not a full checkpoint")
+
+    def _best_order(self, metric: str, mode: str, skipped: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        scored, seen = [], set()
+        for s in self.steps():
+            try:
+                m = self.manifest(s)
+            except TrainstoreError as exc:
+                if isinstance(exc, StoreUnavailableError):
+                    raise
+                skipped.append((s, f"unreadable manifest: {exc}"))
+                continue
+            seen.update(m.metrics)
+            v = m.metrics.get(metric)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                scored.append((v, s))
+        if not scored:
+            raise ConfigError(f"no checkpoint of job {self.job!r} records metric {metric!r}; "
+                              f"metrics recorded: {sorted(seen) or 'none'}")
+        scored.sort(key=lambda p: (p[0] if mode == "min" else -p[0], -p[1]))
+        return [(s, f"best {metric}={v} ({mode})") for v, s in scored]
+
+
+def _jsonable(obj: Any, what: str) -> Any:
+    import json
+
+    try:
+        return json.loads(json.dumps(obj, allow_nan=False, default=_json_default))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"checkpoint {what} must be JSON-serialisable: {exc}") from None
+
+
+def _json_default(x: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            return x.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "numel", lambda: 0)() == 1:
+        return x.item()  # a 0-d torch tensor (loss.detach())
+    raise TypeError(f"{type(x).__name__} is not JSON serialisable")
+
+
+def _log_saved(m: Manifest, stats: WriteStats) -> None:
+    log.info("checkpoint %s step %d (%s): %d tensors, %.1f MB logical, %.1f MB stored, %.1f MB written, "
+             "%d/%d pieces same as base, %d deltas", m.job, m.step, m.kind, len(m.tensors), stats.logical_bytes / 1e6,
+             stats.stored_bytes / 1e6, stats.written_bytes / 1e6, stats.same_as_base, stats.pieces, stats.deltas)
+
+
+# -- interpreter exit: finish or report pending saves ---------------------------------------
+_live_managers: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def _finish_at_exit() -> None:
+    for mgr in list(_live_managers):
+        pending = mgr.pending()
+        try:
+            if pending is not None:
+                log.warning("interpreter exit: waiting for checkpoint step %d of job %r", pending, mgr.job)
+            mgr.close()
+        except BaseException as exc:  # noqa: BLE001 - report, never raise at exit
+            msg = f"trainstore: checkpoint save of job {mgr.job!r} did not complete at exit: {exc}"
+            log.error(msg)
+            try:
+                os.write(2, (msg + "\n").encode())
+            except OSError:
+                pass
+
+
+atexit.register(_finish_at_exit)
+
+__all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle",
+           "WriteOptions", "code_version"]

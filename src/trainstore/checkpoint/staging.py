@@ -1,0 +1,128 @@
+"""Reusable host staging buffers: the only work an async save does on the caller's time.
+
+An ``Arena`` is one contiguous host buffer (pinned when CUDA is available, so device->host
+copies run at full speed) carved into 64-byte aligned slots, one per tensor. It is
+allocated and touched once (first touch of fresh memory is several times slower than a copy
+into touched memory) and reused by every later save with the same or a smaller layout.
+
+``stage(leaves)`` copies every tensor of a flattened state into its slot and returns
+``StagedTensor`` views (raw bytes) the background writer reads while training continues.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .state import Leaf
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None  # type: ignore[assignment]
+
+ALIGN = 64
+
+
+@dataclass
+class StagedTensor:
+    """A staged copy of one leaf: its metadata and a uint8 view of its bytes in the arena."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    itemsize: int
+    data: memoryview  # raw bytes (format "B"), valid until the arena is reused
+
+
+class Arena:
+    """One touched (and, with CUDA, pinned) host buffer reused across saves."""
+
+    def __init__(self, nbytes: int, pin: bool | None = None) -> None:
+        self.capacity = max(int(nbytes), ALIGN)
+        if pin is None:
+            pin = torch is not None and torch.cuda.is_available()
+        self.pinned = bool(pin)
+        if torch is not None:
+            buf = torch.empty(self.capacity, dtype=torch.uint8, pin_memory=self.pinned)
+            buf.zero_()  # touch every page now, not during the first save
+            self.tensor = buf
+            self.array = buf.numpy()
+        else:  # pragma: no cover
+            self.tensor = None
+            self.array = np.zeros(self.capacity, dtype=np.uint8)
+
+    def slot(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.array[offset:offset + nbytes]
+
+
+def plan(leaves: list[Leaf]) -> tuple[list[int], int]:
+    """Aligned offsets for each leaf and the total bytes needed."""
+    offsets, pos = [], 0
+    for leaf in leaves:
+        offsets.append(pos)
+        pos += (leaf.nbytes + ALIGN - 1) // ALIGN * ALIGN
+    return offsets, pos
+
+
+class Stager:
+    """Owns the arenas: ``acquire(total)`` gives an arena of at least ``total`` bytes.
+
+    ``spare`` keeps a released arena (the previous base of incrementals) for reuse, so the
+    steady state allocates nothing.
+    """
+
+    def __init__(self, pin: bool | None = None) -> None:
+        self.pin = pin
+        self._spare: list[Arena] = []
+        self.allocations = 0  # how many arenas were ever allocated (tests check reuse)
+
+    def acquire(self, total: int) -> Arena:
+        for i, arena in enumerate(self._spare):
+            if arena.capacity >= total:
+                return self._spare.pop(i)
+        self._spare.clear()  # too small: let them go before allocating a bigger one
+        self.allocations += 1
+        return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
+
+    def release(self, arena: Arena | None) -> None:
+        if arena is not None:
+            self._spare.append(arena)
+
+    def reserve(self, total: int, count: int = 1) -> None:
+        """Allocate and touch ``count`` arenas now (e.g. at start, off the training loop's clock)."""
+        for _ in range(count):
+            self.release(self.acquire(total))
+
+    def stage(self, leaves: list[Leaf], arena: Arena) -> list[StagedTensor]:
+        """Copy every leaf into ``arena``; returns views of the staged bytes."""
+        offsets, total = plan(leaves)
+        assert total <= arena.capacity
+        out: list[StagedTensor] = []
+        cuda_used = False
+        for leaf, off in zip(leaves, offsets):
+            dst = arena.slot(off, leaf.nbytes)
+            obj = leaf.obj
+            if leaf.is_torch:
+                src = obj.detach()
+                if src.is_conj():
+                    src = src.resolve_conj()
+                if src.is_neg():
+                    src = src.resolve_neg()
+                if leaf.nbytes:
+                    dst_t = arena.tensor[off:off + leaf.nbytes].view(src.dtype).view(src.shape)
+                    if src.device.type != "cpu":
+                        dst_t.copy_(src, non_blocking=arena.pinned)
+                        cuda_used = cuda_used or src.device.type == "cuda"
+                    else:
+                        dst_t.copy_(src)
+            elif leaf.nbytes:
+                np.copyto(dst.view(obj.dtype).reshape(obj.shape), obj, casting="no")
+            out.append(StagedTensor(leaf.name, leaf.dtype, leaf.shape, leaf.itemsize, memoryview(dst)))
+        if cuda_used:
+            torch.cuda.synchronize()
+        return out
+
+
+__all__ = ["Arena", "Stager", "StagedTensor", "plan", "ALIGN"]

@@ -1,0 +1,78 @@
+"""Verification of committed checkpoints.
+
+Shallow: every chunk a manifest names exists with the recorded stored size, and the base
+manifest of an incremental exists. Deep: additionally every chunk is read, decoded and
+re-hashed (``ChunkStore.verify(deep=True)``), and every XOR delta is applied to its base
+and checked against the piece's recorded hash. The outcome is written to
+``jobs/<job>/checkpoints/<step>/verify.json`` (see ``manifest.VerifyRecord``) so that
+``restore()`` skips a checkpoint known to be bad.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..chunks import ChunkRef, ChunkStore
+from ..errors import NotFoundError, StoreUnavailableError, TrainstoreError
+from .manifest import Manifest, VerifyRecord, load_manifest, new_verify_record, write_verify_record
+from .reader import _read_piece
+
+
+def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, workers: int = 4) -> VerifyRecord:
+    """Check one checkpoint; returns a record (``ok`` False lists every problem found)."""
+    errors: list[str] = []
+    if manifest.kind == "incremental":
+        try:
+            base = load_manifest(chunks.store, manifest.job, manifest.base_step)  # type: ignore[arg-type]
+            if base.kind != "full":
+                errors.append(f"base step {manifest.base_step} is not a full checkpoint")
+        except StoreUnavailableError:
+            raise
+        except TrainstoreError as exc:
+            errors.append(f"base step {manifest.base_step}: {exc}")
+    refs: set[ChunkRef] = set()
+    deltas = []
+    for t in manifest.tensors.values():
+        for piece in t.chunks:
+            refs.update(piece.refs())
+            if piece.base is not None:
+                deltas.append(piece)
+
+    def check(ref: ChunkRef) -> str | None:
+        try:
+            chunks.verify(ref, deep=deep)
+        except StoreUnavailableError:
+            raise
+        except NotFoundError:
+            return f"missing chunk {ref.key(chunks.prefix)}"
+        except TrainstoreError as exc:
+            return str(exc)
+        return None
+
+    def check_delta(piece) -> str | None:  # noqa: ANN001
+        try:
+            _read_piece(chunks, piece, np.empty(piece.size, dtype=np.uint8))
+        except StoreUnavailableError:
+            raise
+        except TrainstoreError as exc:
+            return str(exc)
+        return None
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-ckpt-verify") as pool:
+        errors += [e for e in pool.map(check, sorted(refs, key=lambda r: r.hash)) if e]
+        if deep and not errors:
+            errors += [e for e in pool.map(check_delta, deltas) if e]
+    return new_verify_record(manifest.step, deep, errors, len(refs))
+
+
+def record(chunks: ChunkStore, job: str, rec: VerifyRecord) -> None:
+    """Store the record next to the manifest (best effort: a read-only store just skips)."""
+    try:
+        write_verify_record(chunks.store, job, rec)
+    except TrainstoreError:
+        pass
+
+
+__all__ = ["verify_manifest", "record"]

@@ -1,0 +1,131 @@
+"""Background writes of staged tensors: hashing, compression and puts on a thread pool.
+
+``write_tensors`` cuts every staged tensor into pieces of ``chunk_bytes``, encodes each
+piece with ``PieceEncoder`` (plain for full checkpoints; against the base for incrementals)
+on ``workers`` threads, and returns the manifest entries. At most ``max_inflight_bytes`` of
+pieces are being processed at once, which bounds the scratch and compressed buffers
+alive (the staged input itself lives in the reusable arena). Hashing (BLAKE3) and blosc2
+release the GIL, so the threads really run in parallel with each other and with training.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from ..chunks import ChunkStore
+from ..codecs import check_codec
+from ..errors import ConfigError
+from .delta import PieceEncoder, PieceResult
+from .manifest import ChunkEntry, TensorEntry
+from .staging import StagedTensor
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How checkpoint bytes are cut, compressed and written.
+
+    ``codec`` is used for plain pieces (full checkpoints), ``delta_codec`` for XOR deltas.
+    Pieces whose compressed size exceeds ``incompressible_ratio`` of raw are stored raw.
+    """
+
+    chunk_bytes: int = 8 << 20
+    codec: str = "shuffle-zstd"
+    delta_codec: str = "shuffle-zstd"
+    level: int = 1
+    workers: int = 4
+    codec_threads: int = 1
+    max_inflight_bytes: int = 256 << 20
+    incompressible_ratio: float = 0.97
+
+    def __post_init__(self) -> None:
+        check_codec(self.codec)
+        check_codec(self.delta_codec)
+        if self.chunk_bytes < 4096 or self.chunk_bytes % 64 or self.chunk_bytes > 512 << 20:
+            raise ConfigError(f"chunk_bytes must be a multiple of 64 in [4 KiB, 512 MiB], got {self.chunk_bytes}")
+        if self.workers < 1 or self.codec_threads < 1:
+            raise ConfigError("workers and codec_threads must be >= 1")
+        if self.max_inflight_bytes < self.chunk_bytes:
+            raise ConfigError("max_inflight_bytes must hold at least one chunk")
+        if not 0.0 < self.incompressible_ratio <= 1.0:
+            raise ConfigError("incompressible_ratio must be in (0, 1]")
+
+
+@dataclass
+class WriteStats:
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    written_bytes: int = 0
+    pieces: int = 0
+    same_as_base: int = 0
+    deltas: int = 0
+
+
+#: base lookup: (tensor name, piece index, piece size) -> (base ChunkEntry, lazy raw bytes) or None
+BaseLookup = Callable[[str, str, int, int], "tuple[ChunkEntry, Callable[[], memoryview]] | None"]
+
+
+def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOptions,
+                  base: BaseLookup | None = None,
+                  cancel: threading.Event | None = None) -> tuple[dict[str, TensorEntry], WriteStats]:
+    """Store every staged tensor; returns manifest entries and byte counts."""
+    enc = PieceEncoder(chunks, codec=opts.codec, delta_codec=opts.delta_codec, level=opts.level,
+                       threads=opts.codec_threads, incompressible_ratio=opts.incompressible_ratio)
+    slots = threading.BoundedSemaphore(max(1, opts.max_inflight_bytes // opts.chunk_bytes))
+    results: dict[str, list[Future[PieceResult] | None]] = {}
+    pending: set[Future] = set()
+    stats = WriteStats()
+
+    def work(t: StagedTensor, data: memoryview, idx: int) -> PieceResult:
+        try:
+            found = base(t.name, t.dtype, idx, data.nbytes) if base is not None else None
+            if found is None:
+                return enc.plain(data, t.itemsize)
+            entry, raw = found
+            return enc.against_base(data, t.itemsize, entry, raw)
+        finally:
+            slots.release()
+
+    with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-ckpt-write") as pool:
+        try:
+            for t in staged:
+                futs: list[Future[PieceResult] | None] = []
+                results[t.name] = futs
+                n = t.data.nbytes
+                for idx, start in enumerate(range(0, n, opts.chunk_bytes)):
+                    if cancel is not None and cancel.is_set():
+                        raise ConfigError("checkpoint save cancelled")
+                    slots.acquire()
+                    fut = pool.submit(work, t, t.data[start:start + opts.chunk_bytes], idx)
+                    futs.append(fut)
+                    pending.add(fut)
+                    # fail fast: stop submitting as soon as any piece failed
+                    done = {f for f in pending if f.done()}
+                    for f in done:
+                        f.result()
+                    pending -= done
+            finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in finished:
+                f.result()
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+
+    entries: dict[str, TensorEntry] = {}
+    for t in staged:
+        pieces = [f.result() for f in results[t.name]]  # type: ignore[union-attr]
+        for p in pieces:
+            stats.pieces += 1
+            stats.written_bytes += p.written
+            stats.stored_bytes += p.owned
+            stats.same_as_base += p.entry.same_as_base
+            stats.deltas += p.entry.is_delta
+        stats.logical_bytes += t.data.nbytes
+        entries[t.name] = TensorEntry(t.dtype, t.shape, t.data.nbytes, tuple(p.entry for p in pieces))
+    return entries, stats
+
+
+__all__ = ["WriteOptions", "WriteStats", "write_tensors", "BaseLookup"]
