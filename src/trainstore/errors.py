@@ -79,3 +79,7 @@ class BackgroundError(TrainstoreError, RuntimeError):
 
 class DistributedError(TrainstoreError, RuntimeError):
     """A rank of a distributed operation failed; names the rank."""
+
+
+class TransformError(TrainstoreError, RuntimeError):
+    """A user transform function failed; names the function, the shard and the row range."""
