@@ -34,7 +34,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import blake3
@@ -188,6 +188,9 @@ class HotCache:
         self._verified: dict[str, tuple[int, int, int]] = {}
         self._pins: set[int] = set()
         self._space_freed = threading.Condition(self._mu)
+        #: Called (no arguments) when a fill finds nothing evictable, before it waits: an owner
+        #: holding idle pins (e.g. a Dataset's open shards) can release them here.
+        self.on_pressure: Callable[[], None] | None = None
 
     # -- paths -----------------------------------------------------------------------------
     def path_of(self, key: str) -> str:
@@ -483,6 +486,7 @@ class HotCache:
         """Evict LRU unpinned, durable files until ``incoming`` more bytes fit the limit."""
         deadline = time.monotonic() + self.config.capacity_wait_s
         limit = self.config.limit_bytes
+        relieved = False
         while True:
             with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
                 files = list(self._scan())
@@ -497,6 +501,11 @@ class HotCache:
                         used -= freed
                         if used + incoming <= limit:
                             return
+            if self.on_pressure is not None and not relieved:
+                relieved = True  # let the owner release idle pins, then scan once more
+                self.on_pressure()
+                continue
+            relieved = False
             if time.monotonic() >= deadline:
                 raise CapacityError(
                     f"hot tier {self.root} is full: {used} of {limit} bytes are in use or "

@@ -1,0 +1,420 @@
+"""Map-style access to an "arrow-ipc" feature dataset version, memory-mapped from the hot tier.
+
+Feature shards are Arrow IPC *files* (uncompressed); fixed-shape tensor columns are
+``fixed_size_list<primitive>`` whose per-row shape is in ``extra["columns"]`` (or field
+metadata ``shape``). A shard is pinned in the ``HotCache`` while open and read with
+``pa.memory_map`` + ``ipc.open_file``: column arrays are zero-copy numpy views of the mapped
+file. ``ds[i]`` returns a dict of per-row views; ``ds.take(indices)`` gathers rows from many
+shards into fresh batched arrays (one copy, no per-row Python work).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from ..cache import CacheConfig, HotCache
+from ..chunks import content_hash
+from ..errors import CapacityError, ConfigError, SchemaError
+from ..store import Store, open_store
+from .versions import (
+    DatasetVersion,
+    ShardInfo,
+    commit_version,
+    load_version,
+    next_version,
+    parse_ref,
+    shards_prefix,
+)
+
+LAYOUT = "arrow-ipc"
+
+
+# -- writing ---------------------------------------------------------------------------------
+def _to_arrow_column(arr: np.ndarray) -> tuple[pa.Array, dict]:
+    arr = np.ascontiguousarray(arr)
+    shape = list(arr.shape[1:])
+    if arr.dtype == object or arr.dtype.kind in "US":
+        return pa.array(arr.tolist()), {"dtype": "string", "shape": []}
+    if not shape:
+        return pa.array(arr), {"dtype": arr.dtype.str, "shape": []}
+    width = int(np.prod(shape))
+    values = pa.array(arr.reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(values, width), {"dtype": arr.dtype.str, "shape": shape}
+
+
+def table_from_numpy(columns: dict[str, np.ndarray]) -> tuple[pa.Table, dict]:
+    """Numpy columns (first axis = rows) -> Arrow table + the ``extra["columns"]`` description."""
+    arrays, desc, n = {}, {}, None
+    for name, value in columns.items():
+        value = np.asarray(value)
+        if n is None:
+            n = len(value)
+        elif len(value) != n:
+            raise SchemaError(f"column {name!r} has {len(value)} rows, expected {n}")
+        arrays[name], desc[name] = _to_arrow_column(value)
+    return pa.table(arrays), desc
+
+
+def write_arrow_dataset(
+    store: Store | str,
+    name: str,
+    data: pa.Table | dict[str, np.ndarray] | Iterable[pa.RecordBatch],
+    rows_per_shard: int,
+    *,
+    version: int | None = None,
+    parents: Sequence[str] = (),
+    operation: str = "features",
+    config: dict | None = None,
+    columns: dict | None = None,
+) -> DatasetVersion:
+    """Write ``data`` as uncompressed Arrow IPC file shards and commit an "arrow-ipc" version.
+
+    Each shard is one record batch of at most ``rows_per_shard`` rows, written with ``put``
+    (atomic) before the manifest is committed with ``put_if_absent``.
+    """
+    store = open_store(store)
+    if rows_per_shard <= 0:
+        raise ConfigError(f"rows_per_shard must be positive, got {rows_per_shard}")
+    if isinstance(data, dict):
+        table, desc = table_from_numpy(data)
+    elif isinstance(data, pa.Table):
+        table, desc = data, {}
+    else:
+        table, desc = pa.Table.from_batches(list(data)), {}
+    desc = {**desc, **(columns or {})}
+    version = next_version(store, name) if version is None else version
+    shards = []
+    for i, start in enumerate(range(0, max(table.num_rows, 1), rows_per_shard)):
+        part = table.slice(start, rows_per_shard).combine_chunks()
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, part.schema) as writer:
+            for batch in part.to_batches(max_chunksize=max(part.num_rows, 1)):
+                writer.write_batch(batch)
+        buf = sink.getvalue()
+        key = f"{shards_prefix(name)}v{version:06d}-{i:05d}.arrow"
+        store.put(key, buf)
+        shards.append(ShardInfo(key, part.num_rows, buf.size, content_hash(buf)))
+        if table.num_rows == 0:
+            break
+    manifest = DatasetVersion(
+        name=name, version=version, layout=LAYOUT, schema=table.schema, shards=tuple(shards),
+        parents=tuple(parents), operation=operation, config=dict(config or {}),
+        extra={"columns": desc},
+    )
+    return commit_version(store, manifest)
+
+
+# -- reading ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DatasetConfig:
+    """Reading options. ``max_open_bytes``: bytes of shards kept open (pinned) per process
+    (default: half the cache limit, split among torch DataLoader workers)."""
+
+    cache_dir: str | None = None
+    cache_limit: int | None = None
+    columns: tuple[str, ...] | None = None
+    max_open_bytes: int | None = None
+    verify: bool = True
+    capacity_wait_s: float = 30.0
+
+
+class _OpenShard:
+    """A pinned, memory-mapped shard and its zero-copy column views."""
+
+    def __init__(self, handle: Any, path: str, info: ShardInfo, ds: Dataset) -> None:
+        self.handle = handle
+        self.info = info
+        self.users = 0
+        source = pa.memory_map(path, "r")
+        reader = ipc.open_file(source)
+        table = reader.read_all()
+        if table.num_rows != info.rows:
+            raise SchemaError(f"shard {info.key} has {table.num_rows} rows, manifest says {info.rows}")
+        self.columns = {name: ds._column_view(table, name, info.key) for name in ds.column_names}
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+class Dataset:
+    """``Dataset(store_or_url, "name@version", cache_dir=..., cache_limit=...)``: map-style rows."""
+
+    def __init__(
+        self,
+        source: Store | str,
+        ref: str | DatasetVersion,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        columns: Sequence[str] | None = None,
+        config: DatasetConfig | None = None,
+        **store_options: Any,
+    ) -> None:
+        cfg = config or DatasetConfig()
+        if cache_dir is not None or cache_limit is not None or columns is not None:
+            cfg = DatasetConfig(
+                cache_dir=os.fspath(cache_dir) if cache_dir is not None else cfg.cache_dir,
+                cache_limit=cache_limit if cache_limit is not None else cfg.cache_limit,
+                columns=tuple(columns) if columns is not None else cfg.columns,
+                max_open_bytes=cfg.max_open_bytes, verify=cfg.verify,
+                capacity_wait_s=cfg.capacity_wait_s,
+            )
+        self.config = cfg
+        self._store_options = store_options
+        self.store = open_store(source, **store_options)
+        if isinstance(ref, DatasetVersion):
+            self.version = ref
+        else:
+            name, ver = parse_ref(ref)
+            self.version = load_version(self.store, name, ver)
+        if self.version.layout != LAYOUT:
+            raise ConfigError(
+                f"dataset {self.version.id} has layout {self.version.layout!r}; the loader reads "
+                f"{LAYOUT!r} feature versions (run a transform to produce one)"
+            )
+        self.shards = self.version.shards
+        self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
+        schema = self.version.schema
+        names = list(cfg.columns) if cfg.columns else list(schema.names)
+        for n in names:
+            if n not in schema.names:
+                raise SchemaError(f"dataset {self.version.id} has no column {n!r} (has {schema.names})")
+        self.column_names = tuple(names)
+        self._specs = {n: self._spec(n) for n in names}
+        self.max_shard_bytes = max((s.bytes for s in self.shards), default=0)
+        if cfg.cache_dir is None:
+            default = os.environ.get("TRAINSTORE_CACHE_DIR")
+            self._cache_dir = default or os.path.join(os.path.expanduser("~"), ".cache", "trainstore", "hot")
+        else:
+            self._cache_dir = cfg.cache_dir
+        self.cache_limit = cfg.cache_limit or max(2 * self.version.bytes, 1 << 20)
+        if self.max_shard_bytes > self.cache_limit:
+            big = max(self.shards, key=lambda s: s.bytes)
+            raise CapacityError(
+                f"cache limit {self.cache_limit} bytes is smaller than shard {big.key} "
+                f"({big.bytes} bytes) of {self.version.id}; raise cache_limit"
+            )
+        self._reset_process_state()
+
+    # -- process-local state (rebuilt after fork / unpickling) --------------------------------
+    def _reset_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._cache = HotCache(
+            self.store, self._cache_dir,
+            config=CacheConfig(self.cache_limit, capacity_wait_s=self.config.capacity_wait_s),
+        )
+        self._cache.on_pressure = self._release_idle
+        self._lock = threading.Condition()
+        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+        self._opening: set[int] = set()
+        budget = self.config.max_open_bytes or self.cache_limit // 2
+        try:
+            from torch.utils.data import get_worker_info  # noqa: PLC0415
+
+            info = get_worker_info()
+            if info is not None and self.config.max_open_bytes is None:
+                budget //= max(1, info.num_workers)
+        except ImportError:
+            pass
+        self._open_budget = max(budget, self.max_shard_bytes)
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_cache", "_lock", "_open", "_opening")}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():  # forked (torch DataLoader worker): fresh locks and pins
+            self._reset_process_state()
+
+    # -- schema ---------------------------------------------------------------------------------
+    def _spec(self, name: str) -> tuple[np.dtype | None, tuple[int, ...]]:
+        field = self.version.schema.field(name)
+        desc = self.version.extra.get("columns", {}).get(name, {})
+        t = field.type
+        if pa.types.is_fixed_size_list(t):
+            if not (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+                    or pa.types.is_boolean(t.value_type)):
+                raise SchemaError(f"column {name!r}: fixed_size_list of {t.value_type} is not a tensor")
+            shape = desc.get("shape")
+            if shape is None and field.metadata and b"shape" in field.metadata:
+                shape = json.loads(field.metadata[b"shape"])
+            shape = tuple(int(x) for x in (shape or [t.list_size]))
+            if int(np.prod(shape)) != t.list_size:
+                raise SchemaError(f"column {name!r}: shape {shape} does not match list size {t.list_size}")
+            return np.dtype(t.value_type.to_pandas_dtype()), shape
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            return np.dtype(t.to_pandas_dtype()), ()
+        return None, ()  # strings etc.: object arrays
+
+    def _column_view(self, table: pa.Table, name: str, key: str) -> np.ndarray:
+        col = table.column(name)
+        arr = col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
+        dtype, shape = self._specs[name]
+        if arr.null_count:
+            if dtype is not None:
+                raise SchemaError(f"shard {key}: column {name!r} has nulls; tensor columns may not")
+        if dtype is None:
+            return np.asarray(arr.to_pylist(), dtype=object)
+        if pa.types.is_fixed_size_list(arr.type):
+            values = arr.flatten()
+            flat = values.to_numpy(zero_copy_only=not pa.types.is_boolean(values.type))
+            return flat.reshape((len(arr), *shape))
+        return arr.to_numpy(zero_copy_only=not pa.types.is_boolean(arr.type))
+
+    # -- shards ---------------------------------------------------------------------------------
+    def shard_of(self, index: int) -> int:
+        return int(np.searchsorted(self.offsets, index, side="right") - 1)
+
+    def acquire(self, shard: int) -> _OpenShard:
+        """Open (pin + map) ``shard`` and mark it in use; pair with ``release``."""
+        self._check_pid()
+        with self._lock:
+            while True:
+                op = self._open.get(shard)
+                if op is not None:
+                    self._open.move_to_end(shard)
+                    op.users += 1
+                    return op
+                if shard not in self._opening:
+                    self._opening.add(shard)
+                    break
+                self._lock.wait()
+        try:
+            self._shrink(self.shards[shard].bytes)
+            info = self.shards[shard]
+            handle = self._cache.pin(
+                info.key, checksum=info.checksum if self.config.verify else None, size=info.bytes
+            )
+            try:
+                op = _OpenShard(handle, handle.path, info, self)
+            except BaseException:
+                handle.close()
+                raise
+            with self._lock:
+                op.users = 1
+                self._open[shard] = op
+            return op
+        finally:
+            with self._lock:
+                self._opening.discard(shard)
+                self._lock.notify_all()
+
+    def release(self, op: _OpenShard) -> None:
+        with self._lock:
+            op.users -= 1
+
+    def _shrink(self, incoming: int) -> None:
+        """Close idle open shards (LRU first) until ``incoming`` more bytes fit the budget."""
+        with self._lock:
+            used = sum(o.info.bytes for o in self._open.values())
+            for idx in list(self._open):
+                if used + incoming <= self._open_budget:
+                    break
+                o = self._open[idx]
+                if o.users == 0:
+                    del self._open[idx]
+                    o.close()
+                    used -= o.info.bytes
+
+    def _release_idle(self) -> None:
+        with self._lock:
+            for idx in list(self._open):
+                o = self._open[idx]
+                if o.users == 0:
+                    del self._open[idx]
+                    o.close()
+
+    def close_shard(self, shard: int, evict: bool = False) -> None:
+        """Unpin ``shard`` if idle; with ``evict`` also drop it from the hot tier."""
+        with self._lock:
+            o = self._open.get(shard)
+            if o is not None and o.users == 0:
+                del self._open[shard]
+                o.close()
+        if evict:
+            self._cache.evict(self.shards[shard].key)
+
+    def prefetch_shard(self, shard: int) -> None:
+        """Fill ``shard`` into the hot tier without opening it."""
+        info = self.shards[shard]
+        self._check_pid()
+        self._cache.prefetch(info.key, checksum=info.checksum if self.config.verify else None,
+                             size=info.bytes)
+
+    @property
+    def cache(self) -> HotCache:
+        self._check_pid()
+        return self._cache
+
+    def close(self) -> None:
+        self._release_idle()
+
+    # -- map-style API --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _check_index(self, index: int) -> int:
+        n = len(self)
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for {self.version.id} ({n} rows)")
+        return i
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        i = self._check_index(index)
+        s = self.shard_of(i)
+        op = self.acquire(s)
+        try:
+            local = i - int(self.offsets[s])
+            return {n: op.columns[n][local] for n in self.column_names}
+        finally:
+            self.release(op)
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``indices`` as a dict of batched arrays (one gather per shard)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"indices out of range for {self.version.id} ({n} rows)")
+        idx = np.where(idx < 0, idx + n, idx)
+        out: dict[str, np.ndarray] = {}
+        for name in self.column_names:
+            dtype, shape = self._specs[name]
+            out[name] = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
+        shard_ids = np.searchsorted(self.offsets, idx, side="right") - 1
+        order = np.argsort(shard_ids, kind="stable")
+        bounds = np.flatnonzero(np.diff(shard_ids[order])) + 1
+        for group in np.split(order, bounds) if len(order) else []:
+            s = int(shard_ids[group[0]])
+            local = idx[group] - self.offsets[s]
+            op = self.acquire(s)
+            try:
+                for name in self.column_names:
+                    out[name][group] = op.columns[name][local]
+            finally:
+                self.release(op)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.version.id}, rows={len(self)}, shards={len(self.shards)})"
+
+
+__all__ = ["Dataset", "DatasetConfig", "table_from_numpy", "write_arrow_dataset"]

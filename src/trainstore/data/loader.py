@@ -1,0 +1,330 @@
+"""``Loader``: batches for one rank, shuffled per epoch, prefetched from the hot tier, resumable.
+
+Pipeline per rank: the epoch plan (``sampler``) gives this rank's sample order; a shard
+thread fills the shards that upcoming batches need into the hot tier (``HotCache``) ahead of
+use; ``workers`` threads assemble batches ``N+1 .. N+prefetch`` (``Dataset.take``: one numpy
+gather per shard from memory-mapped Arrow files, the GIL released) while batch ``N`` is being
+consumed. When the cache limit is smaller than what the rank reads, shards whose last use in
+this epoch has passed are evicted at once, so the space goes to shards still needed.
+
+``state_dict()`` is a small JSON-able dict (epoch, batches consumed, seed, world size, and the
+world sizes earlier parts of this epoch ran with); ``load_state_dict`` resumes exactly after
+the last batch returned, with the same or another world size.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .dataset import Dataset, DatasetConfig
+from .meter import IOWaitMeter, MeterConfig
+from .sampler import PlanSpec, epoch_streams
+
+STATE_FORMAT = "trainstore.loader/1"
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    shuffle_mode: str = "full"
+    block_shards: int = 4
+    prefetch: int = 2
+    workers: int = 2
+    drop_last: bool = False
+    as_torch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.prefetch < 0 or self.workers <= 0:
+            raise ConfigError(f"prefetch must be >= 0 and workers > 0, got {self.prefetch}, {self.workers}")
+
+
+def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        try:
+            import torch.distributed as dist  # noqa: PLC0415
+
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank() if rank is None else rank
+                world_size = dist.get_world_size() if world_size is None else world_size
+        except ImportError:
+            pass
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if world_size <= 0 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is not in a world of size {world_size}")
+    return rank, world_size
+
+
+class Loader:
+    """Iterate batches (dicts of numpy arrays, or torch tensors) for this rank."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        prefetch: int = 2,
+        workers: int = 2,
+        drop_last: bool = False,
+        collate: Callable[[dict[str, np.ndarray]], Any] | None = None,
+        *,
+        shuffle_mode: str = "full",
+        block_shards: int = 4,
+        as_torch: bool = False,
+        metrics_registry: Any = None,
+        meter: MeterConfig | None = None,
+    ) -> None:
+        if not isinstance(dataset, Dataset):
+            raise ConfigError(f"Loader needs a trainstore.data.Dataset, got {type(dataset).__name__}")
+        if cache_dir is not None or cache_limit is not None:
+            c = dataset.config
+            dataset = Dataset(
+                dataset.store, dataset.version,
+                config=DatasetConfig(
+                    cache_dir=os.fspath(cache_dir) if cache_dir is not None else c.cache_dir,
+                    cache_limit=cache_limit if cache_limit is not None else c.cache_limit,
+                    columns=c.columns, max_open_bytes=c.max_open_bytes, verify=c.verify,
+                    capacity_wait_s=c.capacity_wait_s,
+                ),
+            )
+        self.dataset = dataset
+        self.config = LoaderConfig(batch_size, shuffle, seed, shuffle_mode if shuffle else "none",
+                                   block_shards, prefetch, workers, drop_last, as_torch)
+        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self.collate = collate
+        self.spec = PlanSpec(len(dataset), tuple(s.rows for s in dataset.shards), batch_size, seed,
+                             self.config.shuffle_mode, block_shards, drop_last)
+        self.epoch = 0
+        self._position = 0  # batches consumed in the current segment
+        self._segments: list[tuple[int, int]] = []
+        self.meter = IOWaitMeter(meter, metrics_registry, {"rank": str(self.rank)})
+        self.metrics_registry = self.meter.registry
+        self._active: _EpochRun | None = None
+        stream_bytes = dataset.version.bytes
+        self._evict_done = dataset.cache_limit < stream_bytes
+
+    # -- plan ---------------------------------------------------------------------------------
+    def _stream(self) -> np.ndarray:
+        return epoch_streams(self.spec, self.epoch, self._segments, self.world_size)[self.rank]
+
+    def __len__(self) -> int:
+        n = len(self._stream())
+        return -(-n // self.config.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning (like ``DistributedSampler.set_epoch``)."""
+        self._stop()
+        self.epoch, self._position, self._segments = int(epoch), 0, []
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        self._stop()
+        stream = self._stream()
+        B = self.config.batch_size
+        batches = [stream[i:i + B] for i in range(0, len(stream), B)]
+        run = _EpochRun(self, batches, self._position)
+        self._active = run
+        try:
+            while True:
+                t0 = self.meter.begin()
+                item = run.next()
+                if item is None:
+                    break
+                batch, nbytes = item
+                self._position += 1
+                self.meter.end(t0, nbytes)
+                yield batch
+            self.meter.pause()
+            self.epoch += 1
+            self._position, self._segments = 0, []
+        finally:
+            run.close()
+            if self._active is run:
+                self._active = None
+
+    def _stop(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+
+    def close(self) -> None:
+        self._stop()
+        self.dataset.close()
+
+    # -- resume -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """JSON-able position: resume yields exactly the batches after the last one returned."""
+        return {
+            "format": STATE_FORMAT,
+            "dataset": self.dataset.version.id,
+            "num_samples": len(self.dataset),
+            "epoch": self.epoch,
+            "position": self._position,
+            "world_size": self.world_size,
+            "segments": [list(s) for s in self._segments],
+            "spec": {k: v for k, v in asdict(self.spec).items() if k not in ("shard_rows", "num_samples")},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ConfigError(f"not a trainstore loader state: {str(state)[:80]!r}")
+        if state.get("num_samples") != len(self.dataset) or state.get("dataset") != self.dataset.version.id:
+            raise ConfigError(
+                f"loader state is for {state.get('dataset')} ({state.get('num_samples')} rows), "
+                f"this loader reads {self.dataset.version.id} ({len(self.dataset)} rows)"
+            )
+        spec = dict(state["spec"])
+        ours = {k: v for k, v in asdict(self.spec).items() if k not in ("shard_rows", "num_samples")}
+        if spec != ours:
+            diff = {k: (spec.get(k), ours.get(k)) for k in ours if spec.get(k) != ours.get(k)}
+            raise ConfigError(f"loader state was saved with other settings (saved, now): {diff}")
+        self._stop()
+        self.epoch = int(state["epoch"])
+        segments = [(int(w), int(d)) for w, d in state.get("segments", [])]
+        position = int(state["position"])
+        if int(state["world_size"]) != self.world_size:
+            if position or segments:
+                segments.append((int(state["world_size"]), position))
+            position = 0
+        self._segments, self._position = segments, position
+
+    # -- stats ------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        snap = self.meter.snapshot()
+        cs = self.dataset.cache.stats
+        snap.update({"cache_hits": cs.hits, "cache_misses": cs.misses, "cache_hit_rate": cs.hit_rate,
+                     "bytes_fetched": cs.bytes_fetched, "evictions": cs.evictions,
+                     "epoch": self.epoch, "position": self._position})
+        return snap
+
+    def _finish(self, arrays: dict[str, np.ndarray]) -> tuple[Any, int]:
+        nbytes = sum(a.nbytes for a in arrays.values() if a.dtype != object)
+        if self.config.as_torch:
+            import torch  # noqa: PLC0415
+
+            arrays = {k: torch.from_numpy(v) if v.dtype != object else v for k, v in arrays.items()}
+        if self.collate is not None:
+            return self.collate(arrays), nbytes
+        return arrays, nbytes
+
+
+class _EpochRun:
+    """Background assembly of one epoch's batches for one rank."""
+
+    def __init__(self, loader: Loader, batches: list[np.ndarray], start: int) -> None:
+        self.loader = loader
+        self.ds = loader.dataset
+        self.batches = batches
+        self.next_index = start
+        self._closed = threading.Event()
+        cfg = loader.config
+        self.pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="trainstore-batch")
+        self.pending: deque[Future] = deque()
+        self.submitted = start
+        offsets = self.ds.offsets
+        # shards each remaining batch needs, and the last batch that needs each shard
+        self.needs: list[np.ndarray] = []
+        last_use: dict[int, int] = {}
+        order: list[int] = []
+        for b in range(start, len(batches)):
+            shards = np.unique(np.searchsorted(offsets, batches[b], side="right") - 1)
+            self.needs.append(shards)
+            for s in shards.tolist():
+                if s not in last_use:
+                    order.append(s)
+                last_use[s] = b
+        self.last_use = last_use
+        self.done_with: dict[int, list[int]] = {}
+        for s, b in last_use.items():
+            self.done_with.setdefault(b, []).append(s)
+        # shard prefetch: fill the hot tier ahead, bounded to half the cache
+        self._fill_budget = max(self.ds.cache_limit // 2, self.ds.max_shard_bytes)
+        self._fill_thread = threading.Thread(target=self._fill_ahead, args=(order,), daemon=True,
+                                             name="trainstore-shard-prefetch")
+        self._progress = threading.Condition()
+        self._consumed_shards: set[int] = set()
+        self._fill_thread.start()
+        self._top_up()
+
+    def _fill_ahead(self, order: list[int]) -> None:
+        shards = self.ds.shards
+        in_flight: deque[int] = deque()
+        for s in order:
+            with self._progress:
+                while not self._closed.is_set():
+                    while in_flight and in_flight[0] in self._consumed_shards:
+                        in_flight.popleft()
+                    if sum(shards[x].bytes for x in in_flight) + shards[s].bytes <= self._fill_budget:
+                        break
+                    self._progress.wait(0.1)
+            if self._closed.is_set():
+                return
+            try:
+                self.ds.prefetch_shard(s)
+            except Exception:  # noqa: BLE001 - the batch that needs it will raise it
+                return
+            in_flight.append(s)
+
+    def _top_up(self) -> None:
+        depth = self.loader.config.prefetch + 1
+        while len(self.pending) < depth and self.submitted < len(self.batches):
+            self.pending.append(self.pool.submit(self._assemble, self.submitted))
+            self.submitted += 1
+
+    def _assemble(self, b: int) -> tuple[Any, int]:
+        if self._closed.is_set():
+            raise RuntimeError("loader closed")
+        return self.loader._finish(self.ds.take(self.batches[b]))
+
+    def next(self) -> tuple[Any, int] | None:
+        if not self.pending:
+            self._top_up()
+            if not self.pending:
+                return None
+        fut = self.pending.popleft()
+        b = self.next_index
+        self.next_index += 1
+        result = fut.result()
+        self._retire(b)
+        self._top_up()
+        return result
+
+    def _retire(self, b: int) -> None:
+        done = self.done_with.get(b, [])
+        if not done:
+            return
+        with self._progress:
+            self._consumed_shards.update(done)
+            self._progress.notify_all()
+        for s in done:  # not needed again this epoch
+            self.ds.close_shard(s, evict=self.loader._evict_done)
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for f in self.pending:
+            f.cancel()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        with self._progress:
+            self._progress.notify_all()
+        self._fill_thread.join(timeout=30)
+
+
+__all__ = ["Loader", "LoaderConfig"]

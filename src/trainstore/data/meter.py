@@ -1,0 +1,138 @@
+"""The I/O-wait meter: how long the training loop waits inside ``next()`` for data.
+
+``wait`` is the time spent inside the loader's ``__next__``; ``compute`` is the time between
+returning a batch and the next call (the training step). Wait fraction = wait / (wait +
+compute), over the whole run and over a sliding window of recent batches; the first batch is
+excluded (start-up is not steady state). Above ``warn_fraction`` over a full window the
+pipeline is I/O-bound: a ``IOBoundWarning`` is logged and raised through ``warnings``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+log = logging.getLogger("trainstore.data.loader")
+
+
+class IOBoundWarning(RuntimeWarning):
+    """The training loop waited for data more than the threshold over a window."""
+
+
+@dataclass(frozen=True)
+class MeterConfig:
+    window: int = 50
+    warn_fraction: float = 0.10
+    warn_every_s: float = 60.0
+
+
+class IOWaitMeter:
+    """Counts batches, bytes, wait and compute time; exports Prometheus metrics."""
+
+    def __init__(self, config: MeterConfig | None = None, registry: CollectorRegistry | None = None,
+                 labels: dict[str, str] | None = None) -> None:
+        self.config = config or MeterConfig()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._labels = labels or {}
+        names = list(self._labels)
+        self._m_wait = Counter("trainstore_loader_wait_seconds", "Time the training loop waited for batches",
+                               names, registry=self.registry)
+        self._m_compute = Counter("trainstore_loader_compute_seconds",
+                                  "Time between batches (the training step)", names, registry=self.registry)
+        self._m_batches = Counter("trainstore_loader_batches", "Batches delivered", names,
+                                  registry=self.registry)
+        self._m_bytes = Counter("trainstore_loader_bytes", "Batch bytes delivered", names,
+                                registry=self.registry)
+        self._m_frac = Gauge("trainstore_loader_wait_fraction", "Wait fraction over the recent window",
+                             names, registry=self.registry)
+        self._mu = threading.Lock()
+        self._window: deque[tuple[float, float]] = deque(maxlen=self.config.window)
+        self.batches = 0
+        self.bytes = 0
+        self.wait_s = 0.0
+        self.compute_s = 0.0
+        self.first_wait_s = 0.0
+        self._started = None
+        self._last_return: float | None = None
+        self._last_warn = -1e18
+        self.warnings = 0
+
+    def _m(self, metric):
+        return metric.labels(**self._labels) if self._labels else metric
+
+    def begin(self) -> float:
+        now = time.perf_counter()
+        if self._started is None:
+            self._started = now
+        return now
+
+    def end(self, t_enter: float, nbytes: int) -> None:
+        now = time.perf_counter()
+        wait = now - t_enter
+        compute = t_enter - self._last_return if self._last_return is not None else None
+        self._last_return = now
+        with self._mu:
+            self.batches += 1
+            self.bytes += nbytes
+            if compute is None:  # first batch of a run: start-up, not steady state
+                self.first_wait_s += wait
+            else:
+                self.wait_s += wait
+                self.compute_s += compute
+                self._window.append((wait, compute))
+        self._m(self._m_batches).inc()
+        self._m(self._m_bytes).inc(nbytes)
+        if compute is not None:
+            self._m(self._m_wait).inc(wait)
+            self._m(self._m_compute).inc(compute)
+            frac = self.window_fraction()
+            self._m(self._m_frac).set(frac)
+            self._maybe_warn(frac, now)
+
+    def pause(self) -> None:
+        """The consumer stopped (epoch end): the next gap is not compute time."""
+        self._last_return = None
+
+    def window_fraction(self) -> float:
+        with self._mu:
+            w = sum(x for x, _ in self._window)
+            c = sum(y for _, y in self._window)
+        return w / (w + c) if w + c > 0 else 0.0
+
+    def _maybe_warn(self, frac: float, now: float) -> None:
+        if len(self._window) < self._window.maxlen or frac <= self.config.warn_fraction:
+            return
+        if now - self._last_warn < self.config.warn_every_s:
+            return
+        self._last_warn = now
+        self.warnings += 1
+        msg = (f"training loop waited {frac:.0%} of the last {len(self._window)} batches for data "
+               f"(> {self.config.warn_fraction:.0%}): the input pipeline is I/O-bound; raise "
+               "prefetch/workers, the cache limit, or use shuffle_mode='block'")
+        log.warning(msg)
+        warnings.warn(msg, IOBoundWarning, stacklevel=4)
+
+    def snapshot(self) -> dict:
+        with self._mu:
+            total = self.wait_s + self.compute_s
+            elapsed = (time.perf_counter() - self._started) if self._started else 0.0
+            return {
+                "batches": self.batches,
+                "bytes": self.bytes,
+                "wait_s": self.wait_s,
+                "compute_s": self.compute_s,
+                "first_batch_wait_s": self.first_wait_s,
+                "wait_fraction": self.wait_s / total if total > 0 else 0.0,
+                "batches_per_s": self.batches / elapsed if elapsed > 0 else 0.0,
+                "bytes_per_s": self.bytes / elapsed if elapsed > 0 else 0.0,
+                "warnings": self.warnings,
+            }
+
+
+__all__ = ["IOBoundWarning", "IOWaitMeter", "MeterConfig"]
