@@ -22,11 +22,19 @@ from typing import Any
 import pyarrow as pa
 
 from ..chunks import content_hash
-from ..errors import AlreadyExistsError, ConfigError, IntegrityError, ManifestError, NotFoundError
-from ..store.base import Buffer, Store
+from ..errors import (
+    AlreadyExistsError,
+    ConfigError,
+    IntegrityError,
+    InvalidKeyError,
+    ManifestError,
+    NotFoundError,
+)
+from ..store.base import Buffer, Store, validate_key
 
 FORMAT = "trainstore.dataset/1"
 LAYOUTS = ("parquet", "arrow-ipc")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -120,20 +128,30 @@ class DatasetVersion:
                 raise ManifestError(f"dataset manifest {where}: unknown format {obj.get('format')!r}")
             shards = []
             for s in obj["shards"]:
-                info = ShardInfo(str(s["key"]), int(s["rows"]), int(s["bytes"]), str(s["checksum"]))
-                if info.rows < 0 or info.bytes < 0:
-                    raise ManifestError(f"dataset manifest {where}: negative shard size")
+                key = s["key"]
+                try:
+                    validate_key(key)
+                except InvalidKeyError as exc:
+                    raise ManifestError(f"dataset manifest {where}: bad shard key: {exc}") from None
+                checksum = s["checksum"]
+                if not (isinstance(checksum, str) and _HEX64.match(checksum)):
+                    raise ManifestError(f"dataset manifest {where}: shard {key!r} has a malformed checksum")
+                info = ShardInfo(key, _count(s["rows"], "rows", where), _count(s["bytes"], "bytes", where),
+                                 checksum)
                 shards.append(info)
+            parents = obj.get("parents", [])
+            if not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)):
+                raise ManifestError(f"dataset manifest {where}: parents must be a list of 'name@version'")
             layout = obj["layout"]
             if layout not in LAYOUTS:
                 raise ManifestError(f"dataset manifest {where}: unknown layout {layout!r}")
             return cls(
                 name=check_name(obj["name"]),
-                version=int(obj["version"]),
+                version=_count(obj["version"], "version", where),
                 layout=layout,
                 schema=schema_from_b64(obj["schema"]),
                 shards=tuple(shards),
-                parents=tuple(obj.get("parents", ())),
+                parents=tuple(parents),
                 operation=str(obj.get("operation", "")),
                 config=dict(obj.get("config", {})),
                 config_hash=str(obj.get("config_hash", "")),
@@ -143,8 +161,15 @@ class DatasetVersion:
             )
         except ManifestError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ManifestError(f"dataset manifest {where} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _count(value: Any, what: str, where: str) -> int:
+    """A non-negative int from a manifest (no bools, floats or strings)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 62:
+        raise ManifestError(f"dataset manifest {where}: {what} must be a non-negative integer, got {value!r:.40}")
+    return value
 
 
 def parse_ref(ref: str) -> tuple[str, int | None]:
@@ -191,7 +216,7 @@ def load_version(store: Store, name: str, version: int | None = None) -> Dataset
         raise NotFoundError(f"dataset version {name}@{version} not found in {store.url}") from None
     try:
         obj = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ManifestError(f"dataset manifest {key} is not valid JSON: {exc}") from None
     return DatasetVersion.from_json(obj, where=key)
 

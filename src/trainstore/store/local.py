@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -46,7 +47,7 @@ def _write_all(fd: int, data: Buffer) -> None:
 
 def io_error(exc: OSError, what: str) -> StoreError:
     """Translate an OSError into the hierarchy, naming ``what`` failed."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # EFBIG: a file-size limit
         return CapacityError(f"no space left while {what}: {exc}")
     return StoreError(f"I/O error while {what}: {exc}")
 
@@ -167,9 +168,13 @@ class LocalStore(Store):
         except OSError as exc:
             raise io_error(exc, f"reading {key!r} from {self.url}") from exc
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a directory of other keys, not an object
+                raise NotFoundError(f"no object {key!r} in {self.url}")
             out = []
             for start, length in ranges:
-                data = os.pread(fd, length, start)
+                # Check against the size first: a hostile length must not allocate a buffer.
+                data = os.pread(fd, length, start) if start + length <= st.st_size else b""
                 if len(data) != length:
                     raise IntegrityError(
                         f"object {key!r} in {self.url} is shorter than the range "
@@ -177,6 +182,8 @@ class LocalStore(Store):
                     )
                 out.append(data)
             return out
+        except OSError as exc:
+            raise io_error(exc, f"reading {key!r} from {self.url}") from exc
         finally:
             os.close(fd)
 
