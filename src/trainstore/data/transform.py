@@ -1,0 +1,194 @@
+"""Feature engineering: ``transform(store, "name@v", fn)`` -> a new arrow-ipc dataset version.
+
+``fn`` maps a ``pa.RecordBatch`` to a ``pa.RecordBatch`` (or ``pa.Table``). Each input shard
+is one task: a worker streams it batch by batch (``batch_rows``) and writes one output shard
+sequentially, an uncompressed Arrow IPC file (the training-serving layout: random access by
+row, memory-mappable). ``engine="local"`` runs in this process (``workers=1``) or a pool of
+spawned processes; ``engine="ray"`` runs Ray tasks. Both run the same ``run_shard`` and give
+byte-identical shards.
+
+Resumable: output shard keys and per-shard markers are derived from the config hash (input
+version, ``fn``, its source, kwargs, ``batch_rows``) and the input shard, so a re-run skips
+shards whose marker and bytes verify. The version manifest is committed only after every
+shard succeeded: a failure (``TransformError`` naming the shard and row range) publishes
+nothing.
+
+``fn`` must be importable by the workers: a top-level function, or ``"module:function"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import AlreadyExistsError, ConfigError, SchemaError, TransformError
+from ..store import Store, open_store
+from .engines import run_tasks
+from .lineage import code_version, config_hash
+from .shardio import verify_local_file
+from .transform_shard import ShardTask, portable, read_marker, resolve_fn
+from .versions import (
+    DatasetVersion, ShardInfo, check_name, commit_version, load_version, next_version,
+    parse_ref, read_shard, schema_from_b64, shards_prefix,
+)
+
+
+@dataclass(frozen=True)
+class TransformConfig:
+    """How a transform runs. Only ``batch_rows`` changes the output (and the config hash)."""
+
+    engine: str = "local"
+    workers: int = 1
+    batch_rows: int = 8192
+    cache_dir: str | None = None
+
+
+def fn_reference(fn: Callable[..., Any] | str) -> str:
+    """``module:qualname`` of a top-level function (checked to import back to the same object)."""
+    if isinstance(fn, str):
+        resolve_fn(fn)
+        return fn
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        raise ConfigError(
+            f"transform function {fn!r} is not importable by workers; define it at the top level "
+            "of a module (not __main__, not a lambda or closure), or pass 'module:function'"
+        )
+    ref = f"{module}:{qualname}"
+    if resolve_fn(ref) is not fn:
+        raise ConfigError(f"transform function {ref} does not import back to the same object")
+    return ref
+
+
+def _source_hash(ref: str) -> str:
+    try:
+        return hashlib.sha256(inspect.getsource(resolve_fn(ref)).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return ""
+
+
+def column_info(schema: pa.Schema) -> dict[str, dict]:
+    """Per column: numpy ``dtype`` and tensor ``shape`` (``[]`` for scalars) where the column
+    maps zero-copy to numpy (primitive, or nested fixed_size_list of primitive); else
+    ``dtype``/``shape`` None. ``arrow`` is the Arrow type as text."""
+    out = {}
+    for f in schema:
+        t, shape = f.type, []
+        if isinstance(t, pa.FixedShapeTensorType):
+            shape, t = list(t.shape), t.value_type
+        while pa.types.is_fixed_size_list(t):
+            shape.append(t.list_size)
+            t = t.value_type
+        primitive = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+        dtype = t.to_pandas_dtype().__name__ if primitive and not pa.types.is_boolean(t) else None
+        if pa.types.is_boolean(t):
+            dtype = None  # Arrow booleans are bit-packed: not zero-copy
+        out[f.name] = {"arrow": str(f.type), "dtype": dtype, "shape": shape if dtype else None}
+    return out
+
+
+def _done(store: Store, task: ShardTask) -> tuple[ShardInfo, pa.Schema] | None:
+    found = read_marker(store, task.marker_key)
+    if found is None or found[0].key != task.out_key:
+        return None
+    info, schema = found
+    try:
+        path = store.local_path(info.key)
+        if path is not None:
+            verify_local_file(path, info)
+        else:
+            read_shard(store, info)
+    except Exception:  # noqa: BLE001 - anything wrong means "redo this shard"
+        return None
+    return info, schema
+
+
+def transform(
+    store: Store | str,
+    ref: str,
+    fn: Callable[..., Any] | str,
+    *,
+    engine: str = "local",
+    workers: int = 1,
+    output: str | None = None,
+    fn_kwargs: dict | None = None,
+    config: TransformConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **store_options: object,
+) -> DatasetVersion:
+    """Run ``fn`` over every shard of ``ref`` and commit the result as a new version of
+    ``output`` (default ``<name>.features``). ``progress(done, total)`` after each shard."""
+    config = config or TransformConfig(engine=engine, workers=workers)
+    store = open_store(store, **store_options)
+    name, ver = parse_ref(ref)
+    source = load_version(store, name, ver)
+    out_name = check_name(output or f"{name}.features")
+    fn_ref = fn_reference(fn)
+    kwargs = dict(fn_kwargs or {})
+    cfg = {"input": source.id, "fn": fn_ref, "fn_source": _source_hash(fn_ref), "fn_kwargs": kwargs,
+           "batch_rows": config.batch_rows}
+    try:
+        digest = config_hash(cfg)
+    except TypeError as exc:
+        raise ConfigError(f"fn_kwargs must be JSON-serialisable: {exc}") from None
+    tag = digest[:16]
+    tasks = [
+        ShardTask(
+            store=portable(store), index=i, source=s,
+            out_key=f"{shards_prefix(out_name)}xf-{tag}-{i:05d}.arrow",
+            marker_key=f"datasets/{out_name}/work/{tag}/{i:05d}.json",
+            fn_ref=fn_ref, fn_kwargs=kwargs, batch_rows=config.batch_rows, cache_dir=config.cache_dir,
+        )
+        for i, s in enumerate(source.shards) if s.rows > 0
+    ]
+    results: dict[int, tuple[ShardInfo, pa.Schema]] = {}
+    todo = []
+    for task in tasks:
+        done = _done(store, task)
+        if done is None:
+            todo.append(task)
+        else:
+            results[task.index] = done
+    skipped = len(results)
+    if progress:
+        progress(len(results), len(tasks))
+    for res in run_tasks(todo, config.engine, config.workers):
+        if not res["ok"]:
+            raise TransformError(f"transform of {source.id} failed, nothing published: {res['error']}")
+        info = res["info"]
+        results[res["index"]] = (ShardInfo(info["key"], info["rows"], info["bytes"], info["checksum"]),
+                                 schema_from_b64(res["schema"]))
+        if progress:
+            progress(len(results), len(tasks))
+    return _commit(store, source, out_name, tasks, results, cfg, digest, config, skipped)
+
+
+def _commit(store: Store, source: DatasetVersion, out_name: str, tasks: list[ShardTask],
+            results: dict[int, tuple[ShardInfo, pa.Schema]], cfg: dict, digest: str,
+            config: TransformConfig, skipped: int) -> DatasetVersion:
+    ordered = [results[t.index] for t in tasks]
+    schema = ordered[0][1] if ordered else pa.schema([])
+    for task, (_, s) in zip(tasks, ordered):
+        if not s.equals(schema):
+            raise SchemaError(
+                f"transform output of shard {task.source.key} has schema {s}, but shard "
+                f"{tasks[0].source.key} has {schema}; fn must return one schema"
+            )
+    for _attempt in range(10):
+        version = DatasetVersion(
+            name=out_name, version=next_version(store, out_name), layout="arrow-ipc", schema=schema,
+            shards=tuple(info for info, _ in ordered), parents=(source.id,), operation="transform",
+            config=cfg, config_hash=digest, code_version=code_version(),
+            extra={"columns": column_info(schema), "engine": config.engine, "workers": config.workers,
+                   "resumed_shards": skipped},
+        )
+        try:
+            return commit_version(store, version)
+        except AlreadyExistsError:
+            continue
+    raise AlreadyExistsError(f"could not commit a version of {out_name!r}: lost the race 10 times")

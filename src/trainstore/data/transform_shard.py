@@ -1,0 +1,148 @@
+"""One transform task: stream one input shard through ``fn`` into one Arrow IPC file shard.
+
+Runs inside a worker (the caller's process, a pool process or a Ray task) and returns a
+plain dict, so every engine reports results and failures the same way. The output is an
+uncompressed Arrow IPC *file* (random access, memory-mappable), uploaded under a key that
+is a function of the transform's config hash and the input shard, followed by a small
+marker object; a re-run treats a shard whose marker and bytes verify as done.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import ConfigError, NotFoundError, TrainstoreError
+from ..store import LocalStore, Store, open_store
+from .shardio import default_cache_dir, file_checksum, local_shard
+from .versions import ShardInfo, schema_from_b64, schema_to_b64
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """Everything a worker needs; picklable (a local store travels as its URL, an object
+    store by value)."""
+
+    store: Store | str
+    index: int
+    source: ShardInfo
+    out_key: str
+    marker_key: str
+    fn_ref: str
+    fn_kwargs: dict = field(default_factory=dict)
+    batch_rows: int = 8192
+    cache_dir: str | None = None
+
+
+def portable(store: Store) -> Store | str:
+    """What to send to a worker for ``store``: a local store's URL, else the store itself."""
+    return store.url if isinstance(store, LocalStore) else store
+
+
+def resolve_fn(ref: str) -> Callable[..., Any]:
+    """``module:function`` -> the function (``ConfigError`` when it does not import)."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"transform function must be 'module:function', got {ref!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"transform function {ref!r} does not import: {exc}") from None
+    if not callable(obj):
+        raise ConfigError(f"transform function {ref!r} is not callable")
+    return obj
+
+
+def _as_batches(out: Any) -> list[pa.RecordBatch]:
+    if isinstance(out, pa.RecordBatch):
+        return [out]
+    if isinstance(out, pa.Table):
+        return out.combine_chunks().to_batches() or [pa.RecordBatch.from_pylist([], schema=out.schema)]
+    raise TypeError(f"returned a {type(out).__name__}, not a pyarrow RecordBatch")
+
+
+def read_marker(store: Store, key: str) -> tuple[ShardInfo, pa.Schema] | None:
+    try:
+        obj = json.loads(bytes(store.get(key)))
+        info = ShardInfo(obj["key"], int(obj["rows"]), int(obj["bytes"]), obj["checksum"])
+        return info, schema_from_b64(obj["schema"])
+    except NotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, TrainstoreError):
+        return None  # a damaged marker means "not done"
+
+
+def run_shard(task: ShardTask) -> dict:
+    """Transform one shard; ``{"ok": True, "info", "schema"}`` or ``{"ok": False, "error"}``."""
+    try:
+        store = open_store(task.store)
+        fn = resolve_fn(task.fn_ref)
+        tmp_dir = os.path.join(task.cache_dir or default_cache_dir(), "transform-tmp")
+        os.makedirs(tmp_dir, exist_ok=True)
+        tmp = os.path.join(tmp_dir, f"{secrets.token_hex(8)}.arrow")
+        try:
+            rows, schema = _stream(store, task, fn, tmp)
+            if isinstance(rows, str):
+                return {"ok": False, "error": rows, "index": task.index}
+            info = ShardInfo(task.out_key, rows, os.path.getsize(tmp), file_checksum(tmp))
+            with open(tmp, "rb") as f:
+                store.put(task.out_key, f.read())
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        marker = {**asdict(info), "schema": schema_to_b64(schema), "source": task.source.key}
+        store.put(task.marker_key, json.dumps(marker).encode())
+        return {"ok": True, "index": task.index, "info": asdict(info), "schema": marker["schema"]}
+    except TrainstoreError as exc:
+        return {"ok": False, "index": task.index, "error": f"shard {task.source.key}: {type(exc).__name__}: {exc}"}
+
+
+def _stream(store: Store, task: ShardTask, fn: Callable[..., Any], tmp: str) -> tuple[int | str, pa.Schema | None]:
+    """Input batches -> fn -> IPC file at ``tmp``. Returns (rows, schema) or (error text, None)."""
+    writer = None
+    schema = None
+    rows_out = 0
+    row = 0
+    with local_shard(store, task.source, task.cache_dir) as path:
+        try:
+            pf = pq.ParquetFile(path, memory_map=True)
+            batches = pf.iter_batches(batch_size=task.batch_rows)
+        except (pa.ArrowException, OSError) as exc:
+            return f"shard {task.source.key}: input is not readable Parquet: {exc}", None
+        sink = pa.OSFile(tmp, "wb")
+        try:
+            for batch in batches:
+                where = f"shard {task.source.key} rows {row}-{row + batch.num_rows - 1}"
+                try:
+                    outs = _as_batches(fn(batch, **task.fn_kwargs))
+                except Exception as exc:  # noqa: BLE001 - user code: report, never swallow
+                    return f"{task.fn_ref} failed on {where}: {type(exc).__name__}: {exc}", None
+                for out in outs:
+                    if writer is None:
+                        schema = out.schema
+                        writer = pa.ipc.new_file(sink, schema, options=pa.ipc.IpcWriteOptions(compression=None))
+                    elif not out.schema.equals(schema):
+                        return (f"{task.fn_ref} returned schema {out.schema} on {where}, but "
+                                f"{schema} before"), None
+                    writer.write_batch(out)
+                    rows_out += out.num_rows
+                row += batch.num_rows
+            if writer is None:
+                return f"shard {task.source.key} has no rows to transform", None
+            writer.close()
+            writer = None
+        finally:
+            if writer is not None:
+                writer.close()
+            sink.close()
+    return rows_out, schema
