@@ -58,7 +58,7 @@ from .staging import Arena, StagedTensor, Stager, plan
 from .state import flatten
 from .verify import record as record_verify
 from .verify import verify_manifest
-from .writer import WriteOptions, WriteStats, write_tensors
+from .writer import WriteOptions, WriteStats, lower_thread_priority, write_tensors
 
 log = logging.getLogger("trainstore.checkpoint")
 
@@ -206,7 +206,8 @@ class CheckpointManager:
         self.read_workers = read_workers
         self.last_restore: RestoreResult | None = None
         self._stager = Stager(pin_memory)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-ckpt-save")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-ckpt-save",
+                                            initializer=lower_thread_priority, initargs=(self.options.nice,))
         self._lock = threading.Lock()
         self._inflight: tuple[int, Future] | None = None
         self._error: BaseException | None = None
@@ -309,7 +310,7 @@ class CheckpointManager:
             mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
             _log_saved(m, stats)
             if kind == "full":
-                if self.policy.keep_base_in_memory:
+                if self.policy.keep_base_in_memory and self.policy.incremental_every:
                     self._set_base(m, {t.name: t.data for t in staged}, arena)
                     keep_arena = True
                 else:

@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..chunks import HASH_HEX_LEN, ChunkRef
+from ..chunks import HASH_HEX_LEN, ChunkRef, content_hash
 from ..errors import ConfigError, ManifestError, NotFoundError
 from ..store.base import Store
 
@@ -232,7 +232,9 @@ class Manifest:
         }
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False).encode()
+        """JSON with a trailing ``"checksum"`` (BLAKE3 of the JSON without it), so a flipped
+        bit anywhere in the manifest, not only in tensor bytes, is detected on load."""
+        return json.dumps(with_checksum(self.to_json()), separators=(",", ":"), allow_nan=False).encode()
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "") -> Manifest:
@@ -275,9 +277,37 @@ class Manifest:
     def from_bytes(cls, data: Any, where: str = "") -> Manifest:
         try:
             obj = json.loads(bytes(memoryview(data)))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ManifestError(f"checkpoint manifest {where} is not valid JSON (truncated?): {exc}") from None
+        check_checksum(obj, f"checkpoint manifest {where}")
         return cls.from_json(obj, where)
+
+
+def _canonical(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+def with_checksum(obj: dict) -> dict:
+    """``obj`` plus ``"checksum"``: BLAKE3 of its compact JSON (key order as given)."""
+    return {**obj, "checksum": content_hash(_canonical(obj))}
+
+
+def check_checksum(obj: Any, what: str) -> None:
+    """Verify and remove the ``"checksum"`` that ``with_checksum`` added (``ManifestError``).
+
+    The JSON parser keeps key order, so re-serialising the parsed object reproduces the
+    bytes that were hashed."""
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{what}: not a JSON object")
+    expected = obj.pop("checksum", None)
+    if not isinstance(expected, str):
+        raise ManifestError(f"{what}: no checksum (corrupted, or written by a foreign tool)")
+    try:
+        actual = content_hash(_canonical(obj))
+    except (ValueError, TypeError, RecursionError):
+        actual = ""
+    if actual != expected:
+        raise ManifestError(f"{what}: checksum mismatch (the manifest is corrupted)")
 
 
 def manifest_refs(manifest: Manifest) -> set[ChunkRef]:

@@ -12,13 +12,17 @@ bytes directly, anything else (CUDA, non-contiguous) through one host buffer and
 
 from __future__ import annotations
 
+import math
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from ..chunks import ChunkStore, content_hash
-from ..errors import ChunkCorruptError, ConfigError, ManifestError
+from ..chunks import ChunkRef, ChunkStore, content_hash
+from ..codecs import decode
+from ..errors import CapacityError, ChunkCorruptError, ConfigError, ManifestError, NotFoundError, StoreError
 from .delta import scratch, xor_into
 from .manifest import Manifest, TensorEntry
 from .state import flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten
@@ -29,12 +33,58 @@ except ImportError:  # pragma: no cover
     torch = None  # type: ignore[assignment]
 
 
+_tls = threading.local()
+
+
+def _get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview) -> None:
+    """``ChunkStore.get(ref, out=out)``, without fresh allocations on a local store.
+
+    Local chunk files are read with ``readinto`` straight into ``out`` (raw) or into a
+    per-thread reusable buffer (compressed), then decoded into ``out`` and re-hashed:
+    the same checks as ``ChunkStore.get`` (stored length, decode, BLAKE3).
+    """
+    key = ref.key(chunks.prefix)
+    path = chunks.store.local_path(key)
+    if path is None:
+        chunks.get(ref, out=out)
+        return
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != ref.stored:
+                raise ChunkCorruptError(f"chunk {key}: {size} bytes stored, reference says {ref.stored}")
+            if ref.codec == "raw":
+                dst = out
+            else:
+                buf = getattr(_tls, "buf", None)
+                if buf is None or buf.nbytes < size:
+                    buf = np.zeros(max(size, 1 << 20), dtype=np.uint8)
+                    _tls.buf = buf
+                dst = memoryview(buf[:size])
+            got = 0
+            while got < size:
+                n = f.readinto(dst[got:])
+                if not n:
+                    raise ChunkCorruptError(f"chunk {key}: shorter than {ref.stored} bytes")
+                got += n
+    except FileNotFoundError:
+        raise NotFoundError(f"no object {key!r} in {chunks.store.url}") from None
+    except OSError as exc:
+        raise StoreError(f"I/O error while reading {key!r}: {exc}") from exc
+    if ref.codec != "raw":
+        decode(dst, ref.codec, ref.size, key=key, out=out, threads=chunks.codec.threads)
+    if content_hash(out) != ref.hash:
+        raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
+
+
 def _read_piece(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None:
     view = memoryview(out)
-    chunks.get(entry.ref, out=view)
+    if entry.ref.size != view.nbytes:
+        raise ManifestError(f"chunk {entry.ref.hash[:12]} is {entry.ref.size} bytes, its slot {view.nbytes}")
+    _get_into(chunks, entry.ref, view)
     if entry.base is not None:
         base = scratch(entry.base.size)
-        chunks.get(entry.base, out=memoryview(base))
+        _get_into(chunks, entry.base, memoryview(base))
         xor_into(out, base, out)
         if content_hash(view) != entry.content_hash:
             raise ChunkCorruptError(f"chunk {entry.ref.key(chunks.prefix)} XOR base {entry.base.key(chunks.prefix)}: "
@@ -57,15 +107,36 @@ def _fill(chunks: ChunkStore, jobs: list[tuple[TensorEntry, np.ndarray]], worker
             f.result()
 
 
+def _check_size(entry: TensorEntry, itemsize: int) -> None:
+    """Shape x itemsize must equal nbytes, computed in Python ints *before* allocating:
+    a tampered manifest must not make restore allocate what its chunks do not back."""
+    expected = math.prod(entry.shape) * itemsize
+    if expected != entry.nbytes:
+        raise ManifestError(f"tensor of shape {list(entry.shape)[:8]} {entry.dtype} is {expected} bytes, "
+                            f"manifest says {entry.nbytes}")
+
+
+def _alloc(fn: Any, entry: TensorEntry) -> Any:
+    try:
+        return fn()
+    except (RuntimeError, MemoryError, ValueError) as exc:
+        raise CapacityError(f"cannot allocate {entry.nbytes} bytes for a {entry.dtype} tensor of shape "
+                            f"{list(entry.shape)[:8]}: {str(exc)[:120]}") from None
+
+
 def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
     """A fresh destination for ``entry`` and a uint8 view of its bytes."""
     if entry.dtype.startswith("torch."):
-        t = torch.empty(entry.shape, dtype=parse_torch_dtype(entry.dtype))
+        dtype = parse_torch_dtype(entry.dtype)
+        _check_size(entry, dtype.itemsize)
+        t = _alloc(lambda: torch.empty(entry.shape, dtype=dtype), entry)
         nbytes = t.numel() * t.element_size()
         if nbytes != entry.nbytes:
             raise ManifestError(f"tensor of shape {entry.shape} {entry.dtype} is {nbytes} bytes, manifest says {entry.nbytes}")
         return t, (t.reshape(-1).view(torch.uint8).numpy() if nbytes else np.empty(0, np.uint8))
-    a = np.empty(entry.shape, dtype=parse_numpy_dtype(entry.dtype))
+    np_dtype = parse_numpy_dtype(entry.dtype)
+    _check_size(entry, np_dtype.itemsize)
+    a = _alloc(lambda: np.empty(entry.shape, dtype=np_dtype), entry)
     if a.nbytes != entry.nbytes:
         raise ManifestError(f"array of shape {entry.shape} {entry.dtype} is {a.nbytes} bytes, manifest says {entry.nbytes}")
     return a, a.reshape(-1).view(np.uint8)

@@ -22,6 +22,7 @@ base by name, and ``restore_into`` matches a target state by name.
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -202,18 +203,20 @@ def unflatten(skeleton: Any, tensor: Callable[[str, str], Any]) -> Any:
         if tag == "$tuple" and isinstance(v, list):
             return tuple(dec(e) for e in v)
         if tag == "$size" and isinstance(v, list):
+            if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 62 for d in v):
+                raise ManifestError(f"checkpoint skeleton: malformed torch.Size {v!r:.80}")
             return torch.Size(v) if torch is not None else tuple(v)
         if tag == "$float" and v in ("nan", "inf", "-inf"):
             return float(v)
         if tag == "$bytes" and isinstance(v, str):
-            return base64.b64decode(v, validate=True)
+            return _b64(v)
         if tag in ("$tensor", "$ndarray") and isinstance(v, str):
             return tensor(tag, v)
         if tag == "$bytesarr" and isinstance(v, str):
             return bytes(memoryview(np.ascontiguousarray(tensor(tag, v))).cast("B"))
         if tag == "$npscalar" and isinstance(v, list) and len(v) == 2:
             dt = parse_numpy_dtype("numpy:" + str(v[0]))
-            raw = base64.b64decode(v[1], validate=True)
+            raw = _b64(v[1])
             if len(raw) != dt.itemsize:
                 raise ManifestError("checkpoint skeleton: numpy scalar of the wrong size")
             return np.frombuffer(raw, dtype=dt)[0]
@@ -226,7 +229,19 @@ def unflatten(skeleton: Any, tensor: Callable[[str, str], Any]) -> Any:
                 raise ManifestError(f"checkpoint skeleton: bad device {v!r:.40}") from None
         raise ManifestError(f"checkpoint skeleton has an unknown node {tag!r:.40}")
 
-    return dec(skeleton)
+    try:
+        return dec(skeleton)
+    except RecursionError:
+        raise ManifestError("checkpoint skeleton is nested too deeply") from None
+
+
+def _b64(text: Any) -> bytes:
+    if not isinstance(text, str):
+        raise ManifestError("checkpoint skeleton: base64 payload must be a string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ManifestError(f"checkpoint skeleton: malformed base64 {text[:40]!r}") from None
 
 
 def iter_tensor_names(skeleton: Any) -> Iterator[str]:

@@ -10,6 +10,7 @@ release the GIL, so the threads really run in parallel with each other and with 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -39,6 +40,7 @@ class WriteOptions:
     codec_threads: int = 1
     max_inflight_bytes: int = 256 << 20
     incompressible_ratio: float = 0.97
+    nice: int = 10  # background threads run at this niceness: training keeps the cores first
 
     def __post_init__(self) -> None:
         check_codec(self.codec)
@@ -61,6 +63,18 @@ class WriteStats:
     pieces: int = 0
     same_as_base: int = 0
     deltas: int = 0
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Raise the calling thread's niceness (Linux: threads are tasks) so that hashing and
+    compression of a background save yield the CPU to the training loop."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:
+        pass
 
 
 #: base lookup: (tensor name, piece index, piece size) -> (base ChunkEntry, lazy raw bytes) or None
@@ -88,7 +102,8 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
         finally:
             slots.release()
 
-    with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-ckpt-write") as pool:
+    with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-ckpt-write",
+                            initializer=lower_thread_priority, initargs=(opts.nice,)) as pool:
         try:
             for t in staged:
                 futs: list[Future[PieceResult] | None] = []
