@@ -1,0 +1,121 @@
+"""``trainstore ckpt ls|show|verify``: inspect and verify checkpoints from the shell.
+
+Each command opens the store read-mostly (``verify`` writes its ``verify.json`` records) and
+prints a table, or JSON with ``--json``. Lifecycle commands (retention, gc, registry) are
+added here by ``register`` of later modules; keep each command a small function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..checkpoint import manifest as mf
+from ..errors import NotFoundError
+from ..store import open_store
+from .common import console, emit_json, handle_errors, store_options
+
+ckpt_app = typer.Typer(help="Checkpoints: list, show and verify the checkpoints of a job.", no_args_is_help=True)
+
+EndpointOpt = typer.Option(None, "--endpoint", help="S3 endpoint URL")
+RegionOpt = typer.Option(None, "--region", help="S3 region")
+HttpOpt = typer.Option(None, "--allow-http/--no-allow-http", help="allow plain http endpoints")
+JsonOpt = typer.Option(False, "--json", help="machine-readable output")
+
+
+def _manager(url: str, job: str, endpoint: Optional[str], region: Optional[str], allow_http: Optional[bool]):
+    from ..checkpoint.manager import CheckpointManager
+
+    return CheckpointManager(open_store(url, **store_options(endpoint, region, allow_http)), job=job)
+
+
+@ckpt_app.command("ls")
+@handle_errors
+def ls(url: str, job: Optional[str] = typer.Option(None, "--job", "-j", help="job name (default: list jobs)"),
+       json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
+       allow_http: Optional[bool] = HttpOpt) -> None:
+    """List jobs of a store, or the checkpoints of one job."""
+    if job is None:
+        jobs = mf.list_jobs(open_store(url, **store_options(endpoint, region, allow_http)))
+        if json_out:
+            emit_json(jobs)
+        else:
+            for j in jobs:
+                console.print(j)
+        return
+    with _manager(url, job, endpoint, region, allow_http) as mgr:
+        infos = mgr.list()
+    if json_out:
+        emit_json([dataclasses.asdict(i) for i in infos])
+        return
+    table = Table("step", "kind", "base", "created", "logical MB", "stored MB", "status", "metrics", title=f"{url} job {job}")
+    import datetime
+
+    for i in infos:
+        created = datetime.datetime.fromtimestamp(i.created).isoformat(timespec="seconds") if i.created else "-"
+        table.add_row(str(i.step), i.kind, "-" if i.base_step is None else str(i.base_step), created,
+                      f"{i.logical_bytes / 1e6:,.1f}", f"{i.stored_bytes / 1e6:,.1f}", i.status,
+                      ", ".join(f"{k}={v}" for k, v in list(i.metrics.items())[:4]))
+    console.print(table)
+
+
+@ckpt_app.command("show")
+@handle_errors
+def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: Optional[int] = typer.Option(None, "--step", "-s",
+         help="default: the newest"), json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt,
+         region: Optional[str] = RegionOpt, allow_http: Optional[bool] = HttpOpt) -> None:
+    """Show one checkpoint: metadata, sizes and its tensors."""
+    store = open_store(url, **store_options(endpoint, region, allow_http))
+    if step is None:
+        steps = mf.list_steps(store, job)
+        if not steps:
+            raise NotFoundError(f"job {job!r} has no checkpoints in {store.url}")
+        step = steps[-1]
+    m = mf.load_manifest(store, job, step)
+    rec = mf.load_verify_record(store, job, step)
+    tensors = [{"name": n, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "chunks": len(t.chunks),
+                "same_as_base": sum(c.same_as_base for c in t.chunks), "deltas": sum(c.is_delta for c in t.chunks)}
+               for n, t in m.tensors.items()]
+    out = {"job": m.job, "step": m.step, "kind": m.kind, "base_step": m.base_step, "metadata": m.metadata,
+           "logical_bytes": m.logical_bytes, "stored_bytes": m.stored_bytes, "written_bytes": m.written_bytes,
+           "verify": rec.to_json() if rec else None, "tensors": tensors}
+    if json_out:
+        emit_json(out)
+        return
+    console.print(f"[bold]{m.job}[/bold] step {m.step} ({m.kind}{'' if m.base_step is None else f', base {m.base_step}'})")
+    console.print(f"logical {m.logical_bytes:,} B, stored {m.stored_bytes:,} B, written {m.written_bytes:,} B")
+    console.print(f"metrics {m.metrics}  code {m.metadata.get('code_version')}  verify "
+                  f"{'never' if rec is None else ('ok' if rec.ok else 'BAD: ' + '; '.join(rec.errors[:2]))}")
+    table = Table("tensor", "dtype", "shape", "bytes", "chunks", "same", "deltas")
+    for t in tensors:
+        table.add_row(t["name"], t["dtype"], str(t["shape"]), f"{t['bytes']:,}", str(t["chunks"]),
+                      str(t["same_as_base"]), str(t["deltas"]))
+    console.print(table)
+
+
+@ckpt_app.command("verify")
+@handle_errors
+def verify(url: str, job: str = typer.Option(..., "--job", "-j"), step: Optional[int] = typer.Option(None, "--step", "-s",
+           help="default: every checkpoint"), shallow: bool = typer.Option(False, "--shallow",
+           help="only check that chunks exist with the right size"), json_out: bool = JsonOpt,
+           endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
+           allow_http: Optional[bool] = HttpOpt) -> None:
+    """Re-hash and test-decode every chunk; exit status 1 if any checkpoint is bad."""
+    with _manager(url, job, endpoint, region, allow_http) as mgr:
+        records = mgr.verify(step=step, deep=not shallow)
+    if json_out:
+        emit_json([r.to_json() for r in records])
+    else:
+        for r in records:
+            mark = "[green]ok[/green]" if r.ok else "[red]BAD[/red]"
+            console.print(f"step {r.step}: {mark} ({r.chunks_checked} chunks{', deep' if r.deep else ''})"
+                          + ("" if r.ok else "\n  " + "\n  ".join(r.errors[:10])), highlight=False)
+    if not all(r.ok for r in records):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ckpt_app, name="ckpt")
