@@ -1,0 +1,126 @@
+"""Durable ingest and transform throughput, against plain pyarrow in the same run.
+
+Ingest: the same Arrow table of 1 KB and of 1 MB records is (a) written by
+``pq.write_table`` (zstd level 1) + fsync of the file and its directory, and (b) ingested by
+``trainstore.data.Ingestor`` into a local store (durability "wal": every write fsynced in the
+WAL, shards encoded and uploaded in parallel, then ``commit``; and durability "shard").
+Transform: ``byte_tokens`` (length 128) over a text dataset with 1 and 2 local workers.
+Repeats are interleaved; medians are printed with ratios.
+
+Run: .venv/bin/python benchmarks/ingest.py [--repeats 3] [--mb 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainstore.data.ingest import IngestConfig, Ingestor
+from trainstore.data.transform import transform
+
+
+def make_table(record_bytes: int, total_bytes: int) -> pa.Table:
+    n = max(1, total_bytes // record_bytes)
+    rng = np.random.default_rng(0)
+    blob = rng.integers(0, 256, size=n * record_bytes, dtype=np.uint8).tobytes()
+    offsets = pa.array(np.arange(0, (n + 1) * record_bytes, record_bytes, dtype=np.int32))
+    payload = pa.BinaryArray.from_buffers(pa.binary(), n, [None, offsets.buffers()[1], pa.py_buffer(blob)])
+    return pa.table({"id": pa.array(np.arange(n)), "payload": payload})
+
+
+def plain_parquet(table: pa.Table, root: str) -> float:
+    path = os.path.join(root, "plain.parquet")
+    t = time.perf_counter()
+    pq.write_table(table, path, compression="zstd", compression_level=1)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    dfd = os.open(root, os.O_RDONLY)
+    os.fsync(dfd)
+    os.close(dfd)
+    return time.perf_counter() - t
+
+
+def trainstore_ingest(table: pa.Table, root: str, per_write: int, durability: str) -> float:
+    cfg = IngestConfig(wal_dir=os.path.join(root, "wal"), durability=durability, shard_bytes=32 << 20)
+    t = time.perf_counter()
+    with Ingestor(os.path.join(root, "store"), "bench", config=cfg) as ing:
+        for start in range(0, table.num_rows, per_write):
+            ing.write(table.slice(start, per_write))
+        ing.commit()
+    return time.perf_counter() - t
+
+
+def bench_ingest(repeats: int, total: int) -> None:
+    print(f"== durable ingest, {total >> 20} MiB per run, {repeats} interleaved repeats (MB/s, median)")
+    for record_bytes, per_write in ((1024, 4096), (1 << 20, 4)):
+        table = make_table(record_bytes, total)
+        mb = table.nbytes / 1e6
+        times: dict[str, list[float]] = {"pyarrow write_table + fsync": [], "Ingestor wal": [], "Ingestor shard": []}
+        for _ in range(repeats):
+            for name in times:
+                root = tempfile.mkdtemp(prefix="ts-bench-ingest-")
+                try:
+                    if name.startswith("pyarrow"):
+                        times[name].append(plain_parquet(table, root))
+                    else:
+                        times[name].append(trainstore_ingest(table, root, per_write, name.split()[1]))
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+        base = mb / statistics.median(times["pyarrow write_table + fsync"])
+        label = "1 KB" if record_bytes == 1024 else "1 MB"
+        for name, ts in times.items():
+            rate = mb / statistics.median(ts)
+            print(f"  {label} records, {name:28s} {rate:8.1f} MB/s   x{rate / base:.2f} of pyarrow")
+
+
+def bench_transform(repeats: int, rows: int) -> None:
+    root = tempfile.mkdtemp(prefix="ts-bench-xf-")
+    try:
+        store = os.path.join(root, "store")
+        rng = np.random.default_rng(1)
+        words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"])
+        text = [" ".join(rng.choice(words, size=30)) for _ in range(rows)]
+        cfg = IngestConfig(wal_dir=os.path.join(root, "wal"), shard_bytes=4 << 20)
+        with Ingestor(store, "text", config=cfg) as ing:
+            ing.write(pa.table({"id": np.arange(rows), "text": text}))
+            src = ing.commit()
+        mb = sum(len(t) for t in text) / 1e6
+        print(f"== transform byte_tokens(length=128), {rows:,} rows ({mb:.0f} MB text), {len(src.shards)} shards, "
+              f"{repeats} interleaved repeats (median; includes worker start-up)")
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for r in range(repeats):
+            for workers in times:
+                t = time.perf_counter()
+                transform(store, "text", "trainstore.data.features:byte_tokens", workers=workers,
+                          output=f"f{workers}-{r}", fn_kwargs={"length": 128 + r})  # new config: no resume
+                times[workers].append(time.perf_counter() - t)
+        for workers, ts in times.items():
+            med = statistics.median(ts)
+            print(f"  workers={workers}: {rows / med:10,.0f} rows/s  {mb / med:6.1f} MB/s  "
+                  f"x{statistics.median(times[1]) / med:.2f} of 1 worker")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mb", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=400_000)
+    args = ap.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs (shared with other jobs while measured)")
+    bench_ingest(args.repeats, args.mb << 20)
+    bench_transform(args.repeats, args.rows)
+
+
+if __name__ == "__main__":
+    main()
