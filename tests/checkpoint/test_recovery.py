@@ -153,3 +153,14 @@ def test_sigkill_during_saves_leaves_only_complete_checkpoints(tmp_path):
     assert reps >= 20
     with CheckpointManager(root, job="kill", options=SMALL) as mgr:
         assert all(r.ok for r in mgr.verify(deep=True))
+
+
+def test_pending_save_finishes_at_interpreter_exit(tmp_path):
+    root = str(tmp_path / "store")
+    child = ("import sys, torch\nfrom trainstore.checkpoint import CheckpointManager\n"
+             "mgr = CheckpointManager(sys.argv[1], job='exit')\n"
+             "mgr.save(1, {'w': torch.randn(1 << 20)})\n")  # no wait, no close
+    subprocess.run([sys.executable, "-c", child, root], check=True, timeout=60)
+    with CheckpointManager(root, job="exit") as mgr:
+        assert mgr.steps() == [1]
+        assert mgr.restore()["w"].shape == (1 << 20,)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import subprocess
 import threading
 import time
@@ -597,15 +596,17 @@ def _finish_at_exit() -> None:
                 log.warning("interpreter exit: waiting for checkpoint step %d of job %r", pending, mgr.job)
             mgr.close()
         except BaseException as exc:  # noqa: BLE001 - report, never raise at exit
-            msg = f"trainstore: checkpoint save of job {mgr.job!r} did not complete at exit: {exc}"
-            log.error(msg)
-            try:
-                os.write(2, (msg + "\n").encode())
-            except OSError:
-                pass
+            log.error("trainstore: checkpoint save of job %r did not complete at exit: %s", mgr.job, exc)
 
 
-atexit.register(_finish_at_exit)
+# Run before concurrent.futures shuts its pools down at interpreter exit (threading's exit
+# hooks run in reverse order of registration and concurrent.futures registered at import),
+# so a pending save can still use its thread pool; plain atexit as a fallback.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_finish_at_exit)
+else:  # pragma: no cover
+    atexit.register(_finish_at_exit)
 
 __all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle",
            "WriteOptions", "code_version"]
