@@ -218,7 +218,18 @@ def load_version(store: Store, name: str, version: int | None = None) -> Dataset
         obj = json.loads(bytes(raw))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ManifestError(f"dataset manifest {key} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ManifestError(f"dataset manifest {key}: not a JSON object")
+    expected = obj.pop("checksum", None)
+    if not isinstance(expected, str) or content_hash(_manifest_json(obj)) != expected:
+        raise ManifestError(f"dataset manifest {key}: checksum {'mismatch' if expected else 'missing'} "
+                            "(the manifest is corrupted)")
     return DatasetVersion.from_json(obj, where=key)
+
+
+def _manifest_json(obj: dict) -> bytes:
+    """The bytes a dataset manifest's checksum covers: sorted-key JSON without it."""
+    return json.dumps(obj, sort_keys=True).encode()
 
 
 def commit_version(store: Store, version: DatasetVersion) -> DatasetVersion:
@@ -226,7 +237,9 @@ def commit_version(store: Store, version: DatasetVersion) -> DatasetVersion:
     if version.created == 0.0:
         version = DatasetVersion(**{**version.__dict__, "created": time.time()})
     key = f"{versions_prefix(version.name)}{version.version:06d}.json"
-    data = json.dumps(version.to_json(), sort_keys=True).encode()
+    obj = version.to_json()
+    obj["checksum"] = content_hash(_manifest_json(obj))  # a flipped bit anywhere is detected
+    data = json.dumps(obj, sort_keys=True).encode()
     try:
         store.put_if_absent(key, data)
     except AlreadyExistsError:
