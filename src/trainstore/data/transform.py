@@ -14,6 +14,12 @@ shard succeeded: a failure (``TransformError`` naming the shard and row range) p
 nothing.
 
 ``fn`` must be importable by the workers: a top-level function, or ``"module:function"``.
+
+Feature-shard contract (what ``data.loader`` reads): layout ``"arrow-ipc"``; each shard is an
+uncompressed Arrow IPC file, ``ShardInfo.checksum`` = BLAKE3 of the file bytes; tensor columns
+are ``fixed_size_list`` (nested for more dimensions) or ``FixedShapeTensor`` of a primitive
+type; ``version.extra["columns"][name] = {"arrow": str, "dtype": numpy dtype name or None,
+"shape": per-row shape list ([] for scalars) or None}``.
 """
 
 from __future__ import annotations
