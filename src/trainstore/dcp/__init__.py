@@ -1,0 +1,13 @@
+"""torch.distributed.checkpoint storage on trainstore's chunk store.
+
+``StorageWriter`` / ``StorageReader`` plug into ``dcp.save`` / ``dcp.async_save`` / ``dcp.load``:
+every rank writes its shards as content-addressed, compressed, verified chunks in parallel
+(incrementals as XOR deltas against the job's last full checkpoint), and the coordinator
+commits one manifest (JSON, no pickle) after every rank succeeded. See docs/distributed.md.
+"""
+
+from .coordination import CheckpointTarget, describe_failure, parse_checkpoint_id
+from .reader import StorageReader
+from .writer import StorageWriter
+
+__all__ = ["StorageWriter", "StorageReader", "CheckpointTarget", "parse_checkpoint_id", "describe_failure"]

@@ -1,0 +1,96 @@
+"""What the ranks of one DCP save/load agree on: which checkpoint, which base, who failed.
+
+Checkpoint ids (``dcp.save(..., checkpoint_id=...)``) name a step of a job in a store:
+
+* ``1200`` or ``"1200"``: step 1200 of the writer's/reader's job;
+* ``"run-1@1200"``: step 1200 of job ``run-1`` in the writer's/reader's store;
+* ``"trainstore:<store url>#run-1@1200"``: a store URL as well (opened with the
+  ``store_options`` the writer/reader was given).
+
+The coordinator decides the step's base full checkpoint (for incrementals) once, in
+``prepare_global_plan``, and ships it to every rank inside the plans, so ranks never disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ..checkpoint import manifest as mf
+from ..errors import ConfigError, DistributedError, TrainstoreError
+from ..store.base import Store
+
+_ID = re.compile(r"^(?:trainstore:(?P<url>[^#]+)#)?(?:(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,127})@)?(?P<step>\d{1,12})$")
+
+
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """A parsed checkpoint id: any part may be None (= the writer's/reader's own)."""
+
+    step: int | None
+    job: str | None = None
+    url: str | None = None
+
+
+def parse_checkpoint_id(checkpoint_id: object) -> CheckpointTarget:
+    """Parse a checkpoint id (see module docstring); ``ConfigError`` if it is none of the forms."""
+    if checkpoint_id is None:
+        return CheckpointTarget(None)
+    if isinstance(checkpoint_id, int) and not isinstance(checkpoint_id, bool):
+        return CheckpointTarget(mf.check_step(checkpoint_id))
+    if isinstance(checkpoint_id, (str, os.PathLike)):
+        m = _ID.match(os.fspath(checkpoint_id))  # type: ignore[arg-type]
+        if m:
+            return CheckpointTarget(int(m["step"]), m["job"], m["url"])
+    raise ConfigError(f"checkpoint_id must be a step, 'job@step' or 'trainstore:<url>#job@step', got {checkpoint_id!r:.100}")
+
+
+def is_valid_checkpoint_id(checkpoint_id: object) -> bool:
+    try:
+        parse_checkpoint_id(checkpoint_id)
+        return checkpoint_id is not None
+    except ConfigError:
+        return False
+
+
+def is_dcp_manifest(m: mf.Manifest) -> bool:
+    dcp = m.metadata.get("dcp")
+    return isinstance(dcp, dict) and dcp.get("format", "").startswith("trainstore.dcp/")
+
+
+def find_base(store: Store, job: str, step: int) -> mf.Manifest | None:
+    """The newest readable FULL distributed checkpoint of ``job`` before ``step`` (or None)."""
+    for s in reversed(mf.list_steps(store, job)):
+        if s >= step:
+            continue
+        try:
+            m = mf.load_manifest(store, job, s)
+        except TrainstoreError:
+            continue
+        if m.kind == "full" and is_dcp_manifest(m):
+            return m
+    return None
+
+
+def rank_error(rank: int, step: int | None, job: str, what: str, exc: BaseException) -> DistributedError:
+    """The error a failing rank raises: names the rank, the checkpoint and the cause."""
+    return DistributedError(f"rank {rank}: {what} of checkpoint step {step} (job {job!r}) failed: "
+                            f"{type(exc).__name__}: {exc}")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line per failing rank of a ``CheckpointException`` (else the exception itself)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = []
+        for rank, pair in sorted(failures.items()):
+            err = pair[0] if isinstance(pair, tuple) and pair else pair
+            msg = str(err)
+            parts.append(msg if msg.startswith(f"rank {rank}:") else f"rank {rank}: {type(err).__name__}: {msg}")
+        return "; ".join(parts)
+    return f"{type(exc).__name__}: {exc}"
+
+
+__all__ = ["CheckpointTarget", "parse_checkpoint_id", "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",
+           "rank_error", "describe_failure"]
