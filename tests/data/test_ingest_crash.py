@@ -33,8 +33,10 @@ def _ids(store_path: str) -> Counter:
     return ids
 
 
-def _run_child(store: str, wal: str, durability: str, start: int, seed: int, kill_after: float) -> set[int]:
-    """Run one child, SIGKILL it after ``kill_after`` seconds; the ids it acknowledged."""
+def _run_child(store: str, wal: str, durability: str, start: int, seed: int, kill_after: float,
+               wait_for: str = "READY") -> set[int]:
+    """Run one child, SIGKILL it ``kill_after`` seconds after it printed ``wait_for``
+    (READY: recovered; ACK: first write acknowledged); the ids it acknowledged."""
     proc = subprocess.Popen(
         [sys.executable, CHILD, store, wal, durability, str(start), str(seed)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -43,9 +45,8 @@ def _run_child(store: str, wal: str, durability: str, start: int, seed: int, kil
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
-    # kill relative to READY half of the time, so crashes land inside the write loop
     deadline = time.monotonic() + 20
-    while not any(l.startswith("READY") for l in list(lines)) and time.monotonic() < deadline:
+    while not any(l.startswith(wait_for) for l in list(lines)) and time.monotonic() < deadline:
         if proc.poll() is not None:
             break
         time.sleep(0.01)
@@ -70,7 +71,9 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(tmp_path, dura
     rng = random.Random(1234)
     acked: set[int] = set()
     for rep in range(reps):
-        acked |= _run_child(store, wal, durability, rep * 1_000_000, rng.randrange(1 << 30), rng.uniform(0.0, 0.6))
+        wait_for = "ACK" if rep % 2 else "READY"  # crashes during recovery and during writes
+        acked |= _run_child(store, wal, durability, rep * 1_000_000, rng.randrange(1 << 30),
+                            rng.uniform(0.0, 0.6), wait_for)
     assert acked, "children never acknowledged anything"
     with Ingestor(store, "crash", config=IngestConfig(wal_dir=wal, durability=durability)) as ing:
         ing.commit()
