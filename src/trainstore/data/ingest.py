@@ -153,7 +153,18 @@ class Ingestor:
                 self._upload(seq, table, 0)
             else:
                 self.wal.drop_segment(seq)
-        self._seq = self.wal.max_seq() + 1
+        self._seq = max(self.wal.max_seq(), self._max_stored_seq()) + 1
+
+    def _max_stored_seq(self) -> int:
+        """Highest segment number with a shard in the store: a crash can leave a shard whose
+        journal line was torn (never acknowledged); its number must not be reused."""
+        prefix = f"{shards_prefix(self.dataset)}ingest-{self.wal.wal_id}-"
+        seqs = [0]
+        for meta in self.store.list(prefix):
+            stem = meta.key[len(prefix):].removesuffix(".parquet")
+            if stem.isdigit():
+                seqs.append(int(stem))
+        return max(seqs)
 
     # -- writing ---------------------------------------------------------------------------
     def _check(self) -> None:
