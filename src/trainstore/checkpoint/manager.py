@@ -193,7 +193,8 @@ class CheckpointManager:
     def __init__(self, store: str | Store, job: str, policy: CheckpointPolicy | None = None, *,
                  options: WriteOptions | None = None, store_options: dict | None = None,
                  hooks: Sequence[Callable[[CheckpointInfo, CheckpointManager], None]] = (),
-                 pin_memory: bool | None = None, read_workers: int = 4) -> None:
+                 pin_memory: bool | None = None, read_workers: int = 4,
+                 observers: Sequence[Callable[[str, dict], None]] = ()) -> None:
         self.job = mf.check_job(job)
         self.policy = policy or CheckpointPolicy()
         self.options = options or WriteOptions()
@@ -202,6 +203,9 @@ class CheckpointManager:
         self.chunks = ChunkStore(self.store, codec=CodecConfig(self.options.codec, self.options.level,
                                                                self.options.codec_threads))
         self.hooks: list[Callable[[CheckpointInfo, CheckpointManager], None]] = list(hooks)
+        # observers(event, fields): "save_staged", "save_committed", "save_failed", "restore",
+        # "verify" - for metrics (trainstore.lifecycle.metrics); their errors are only logged
+        self.observers: list[Callable[[str, dict], None]] = list(observers)
         self.read_workers = read_workers
         self.last_restore: RestoreResult | None = None
         self._stager = Stager(pin_memory)
@@ -234,6 +238,13 @@ class CheckpointManager:
         kind = kind or self.policy.should_save(step) or "full"
         if kind not in mf.KINDS:
             raise ConfigError(f"kind must be one of {mf.KINDS}, got {kind!r}")
+        if _distributed_job():  # torch.distributed job: DCP underneath (trainstore.dcp.bridge)
+            from ..dcp.bridge import save_distributed
+
+            metadata = {"config": _jsonable(config or {}, "config"), "metrics": _jsonable(metrics or {}, "metrics"),
+                        "created": time.time(), "code_version": self._code_version,
+                        "extra": _jsonable(extra or {}, "extra")}
+            return save_distributed(self, step, kind, state, metadata, blocking, t0)
         with self._lock:
             busy = self._inflight
         if busy is not None and not busy[1].done():
@@ -268,6 +279,7 @@ class CheckpointManager:
         with self._lock:
             self._inflight = (step, fut)
         handle = SaveHandle(step, kind, fut, blocked_s=blocked)
+        self._notify("save_staged", step=step, kind=kind, blocked_s=blocked)
         if blocking:
             self._wait_inflight()
         return handle
@@ -299,6 +311,7 @@ class CheckpointManager:
     def _write(self, step: int, kind: str, skeleton: Any, staged: list[StagedTensor], arena: Arena,
                base: Manifest | None, metadata: dict) -> CheckpointInfo:
         keep_arena = False
+        started = time.time()
         try:
             lookup = self._lookup(base) if base is not None else None
             entries, stats = write_tensors(self.chunks, staged, self.options, lookup)
@@ -306,8 +319,16 @@ class CheckpointManager:
                          base_step=base.step if base is not None else None, chunk_bytes=self.options.chunk_bytes,
                          metadata=metadata, logical_bytes=stats.logical_bytes, stored_bytes=stats.stored_bytes,
                          written_bytes=stats.written_bytes)
-            mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
+            # gc-safe commit: a lease on m's chunks, re-checked against concurrent gc sweeps
+            from ..lifecycle.gc import commit_lease
+
+            with commit_lease(self.store, self.chunks, m, {t.name: t.data for t in staged}, started):
+                mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
             _log_saved(m, stats)
+            self._notify("save_committed", step=step, kind=kind, seconds=time.time() - started,
+                         since_created=time.time() - float(metadata["created"]), logical_bytes=stats.logical_bytes,
+                         stored_bytes=stats.stored_bytes, written_bytes=stats.written_bytes, pieces=stats.pieces,
+                         same_as_base=stats.same_as_base, deltas=stats.deltas)
             if kind == "full":
                 if self.policy.keep_base_in_memory and self.policy.incremental_every:
                     self._set_base(m, {t.name: t.data for t in staged}, arena)
@@ -320,6 +341,7 @@ class CheckpointManager:
                 if self._error is None:
                     self._error, self._error_step = exc, step
             log.error("background checkpoint save of step %d (job %r) failed: %s", step, self.job, exc)
+            self._notify("save_failed", step=step, kind=kind, error=f"{type(exc).__name__}: {exc}")
             raise
         finally:
             if not keep_arena:
@@ -351,6 +373,13 @@ class CheckpointManager:
             return entry, lambda: memoryview(self.chunks.get(entry.ref))
 
         return lookup
+
+    def _notify(self, event: str, **fields: Any) -> None:
+        for obs in self.observers:
+            try:
+                obs(event, {"job": self.job, **fields})
+            except Exception as exc:  # noqa: BLE001 - monitoring never breaks a save
+                log.warning("checkpoint observer %r failed on %s: %s", obs, event, exc)
 
     def _wait_inflight(self) -> None:
         with self._lock:
@@ -448,6 +477,7 @@ class CheckpointManager:
                     raise NotFoundError(f"no checkpoint step {s} for job {self.job!r}") from None
                 rec = mf.new_verify_record(s, deep, [f"manifest: {exc}"], 0)
             record_verify(self.chunks, self.job, rec)
+            self._notify("verify", step=s, ok=rec.ok, deep=deep, errors=len(rec.errors))
             if not rec.ok:
                 log.warning("checkpoint step %d of job %r failed verification: %s", s, self.job, "; ".join(rec.errors[:3]))
             records.append(rec)
@@ -500,8 +530,13 @@ class CheckpointManager:
             try:
                 m = self.manifest(s)
                 self._check_base(m)
-                state = load_state(self.chunks, m, self.read_workers) if into is None \
-                    else load_into(self.chunks, m, into, self.read_workers)
+                if m.metadata.get("dcp"):  # saved through torch.distributed.checkpoint
+                    from ..dcp.bridge import load_dcp
+
+                    state = load_dcp(self, m, into)
+                else:
+                    state = load_state(self.chunks, m, self.read_workers) if into is None \
+                        else load_into(self.chunks, m, into, self.read_workers)
             except StoreUnavailableError:
                 raise
             except ConfigError:
@@ -517,10 +552,14 @@ class CheckpointManager:
             if skipped and why.startswith("newest"):
                 why = f"newest checkpoint that verifies ({len(skipped)} newer skipped)"
             result = RestoreResult(s, m.kind, why, skipped, state, time.perf_counter() - t0)
+            self._notify("restore", ok=True, step=s, kind=m.kind, seconds=result.seconds, skipped=len(skipped),
+                         logical_bytes=m.logical_bytes)
             self.last_restore = result
             log.info("restore: %s", result)
             return result
         self.last_restore = None
+        self._notify("restore", ok=False, step=None, kind=None, seconds=time.perf_counter() - t0,
+                     skipped=len(skipped), logical_bytes=0)
         raise NoValidCheckpointError(
             f"no checkpoint of job {self.job!r} could be restored; tried: "
             + "; ".join(f"step {s}: {why}" for s, why in skipped)
@@ -554,6 +593,15 @@ class CheckpointManager:
                               f"metrics recorded: {sorted(seen) or 'none'}")
         scored.sort(key=lambda p: (p[0] if mode == "min" else -p[0], -p[1]))
         return [(s, f"best {metric}={v} ({mode})") for v, s in scored]
+
+
+def _distributed_job() -> bool:
+    """True inside a multi-rank torch.distributed job (saves then go through trainstore.dcp)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is optional
+        return False
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _jsonable(obj: Any, what: str) -> Any:

@@ -1,0 +1,393 @@
+"""Garbage collection of chunks no manifest references, safe against concurrent saves.
+
+The protocol (see docs/lifecycle.md for the argument) uses two kinds of small objects:
+
+    gc/sweeps/<start-ms>-<id>.json   a sweep marker: {"state": "running"|"done", started, deadline, finished}
+    gc/leases/<job>-<step>-<id>.json a save lease: the chunk keys a save is about to commit
+
+**Sweep** (``collect_garbage``): (1) write the marker ``running`` - durably, before anything
+else; (2) list chunks; (3) list every manifest of every job and every live lease: their
+chunk keys are referenced; (4) delete chunks that are unreferenced *and* older than the
+grace period, stopping at the marker's deadline; (5) mark the marker ``done``.
+
+**Save** (``commit_lease``, called by ``CheckpointManager`` right before it commits a
+manifest): (a) write the lease naming every chunk key of the manifest; (b) list sweep
+markers; a sweep that is still running, or that finished after this process last checked
+its chunk knowledge, may have deleted a chunk the save reuses (a dedup hit, a base chunk, a
+key the ChunkStore remembered) - so (c) wait until running sweeps are done (or past their
+deadline), forget cached chunk knowledge, HEAD every chunk of the manifest and write back
+any that is missing (from the staged bytes); (d) commit the manifest; (e) drop the lease.
+
+Why it is safe: a sweep whose listing (3) happens after the lease (a) is visible protects
+the save's chunks. A sweep whose listing came earlier wrote its marker (1) before that,
+so the save sees the marker in (b) and re-checks after the sweep's deletions ended (c).
+Chunks deleted *before* a save's own HEADs are simply written again. The grace period
+additionally protects writers that do not take leases (a crashed save's leftovers become
+garbage only after it). Listing is strongly consistent on S3, GCS, Azure and locally.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint import manifest as mf
+from ..chunks import ChunkRef, ChunkStore
+from ..errors import ConfigError, IntegrityError, ManifestError, NotFoundError, StoreUnavailableError, TrainstoreError
+from ..store.base import Store
+from .retention import parse_duration
+
+log = logging.getLogger("trainstore.lifecycle.gc")
+
+SWEEPS = "gc/sweeps/"
+LEASES = "gc/leases/"
+#: allowance for clock differences between the machines that save and sweep
+CLOCK_SKEW_S = 60.0
+
+
+@dataclass(frozen=True)
+class GcOptions:
+    """How a sweep runs. Durations: seconds or strings like ``"1h"``."""
+
+    grace: float | str = "1h"  # only chunks older than this are deleted
+    max_duration: float | str = "1h"  # the sweep stops deleting after this (its marker's deadline)
+    marker_ttl: float | str = "7d"  # finished markers are removed after this
+    lease_ttl: float | str = "1d"  # leases of crashed saves expire after this
+    workers: int = 8
+    batch: int = 256
+    ignore_unreadable: bool = False  # sweep even if a manifest cannot be read (its chunks may go!)
+
+    def __post_init__(self) -> None:
+        for name in ("grace", "max_duration", "marker_ttl", "lease_ttl"):
+            object.__setattr__(self, name, parse_duration(getattr(self, name), name))
+        if not isinstance(self.workers, int) or self.workers < 1 or not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigError("workers and batch must be positive ints")
+
+
+@dataclass
+class GcReport:
+    """What a sweep found and did (``dry_run``: what it would do)."""
+
+    dry_run: bool
+    manifests: int = 0
+    jobs: int = 0
+    leases: int = 0
+    chunks: int = 0
+    chunk_bytes: int = 0
+    referenced: int = 0
+    referenced_bytes: int = 0
+    unreferenced: int = 0
+    too_young: int = 0  # unreferenced but within the grace period
+    deleted: int = 0
+    bytes_reclaimed: int = 0
+    missing: int = 0  # referenced by a manifest but absent (a broken checkpoint: run verify)
+    stopped_early: bool = False
+    seconds: float = 0.0
+    deleted_keys: list[str] = field(default_factory=list, repr=False)
+
+    def to_json(self) -> dict:
+        out = dict(self.__dict__)
+        out.pop("deleted_keys")
+        return out
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _load_json(store: Store, key: str) -> dict | None:
+    try:
+        obj = json.loads(bytes(memoryview(store.get(key))))
+        return obj if isinstance(obj, dict) else None
+    except NotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _put_json(store: Store, key: str, obj: dict) -> None:
+    store.put(key, json.dumps(obj).encode())
+
+
+def referenced_chunks(store: Store, *, ignore_unreadable: bool = False,
+                      on_manifest: Callable[[], Any] | None = None) -> tuple[set[str], int, int]:
+    """Chunk keys referenced by every committed manifest of every job: (keys, manifests, jobs)."""
+    keys: set[str] = set()
+    n = 0
+    jobs = mf.list_jobs(store)
+    for job in jobs:
+        for m in mf.list_manifests(store, job):
+            if isinstance(m, ManifestError):
+                if not ignore_unreadable:
+                    raise ManifestError(f"gc refuses to run: {m} (it cannot know which chunks that manifest "
+                                        "references; repair or delete it, or pass ignore_unreadable)")
+                log.warning("gc: ignoring unreadable manifest: %s", m)
+                continue
+            keys |= mf.manifest_chunk_keys(m)
+            n += 1
+            if on_manifest is not None:
+                on_manifest()
+    return keys, n, len(jobs)
+
+
+def live_leases(store: Store, now: float, lease_ttl: float, dry_run: bool) -> tuple[set[str], int]:
+    """Chunk keys named by unexpired leases; expired ones (crashed saves) are deleted."""
+    keys: set[str] = set()
+    n = 0
+    for meta in list(store.list(LEASES)):
+        obj = _load_json(store, meta.key)
+        if obj is None:
+            continue
+        if float(obj.get("expires") or 0) + CLOCK_SKEW_S < now:
+            if not dry_run:
+                store.delete(meta.key)
+            continue
+        keys.update(k for k in obj.get("chunks") or [] if isinstance(k, str))
+        n += 1
+    return keys, n
+
+
+def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: bool = False,
+                    now: Callable[[], float] = _now,
+                    progress: Callable[[str, int, int], Any] | None = None) -> GcReport:
+    """One sweep over ``store`` (see module docstring). Returns a report with bytes reclaimed."""
+    opts = options or GcOptions()
+    t0 = now()
+    report = GcReport(dry_run=dry_run)
+    marker_key = f"{SWEEPS}{int(t0 * 1000):015d}-{uuid.uuid4().hex[:12]}.json"
+    deadline = t0 + opts.max_duration  # type: ignore[operator]
+    marker = {"state": "running", "started": t0, "deadline": deadline, "host": os.uname().nodename,
+              "pid": os.getpid()}
+    if not dry_run:
+        _put_json(store, marker_key, marker)  # (1) before any listing
+    try:
+        chunks = ChunkStore(store)
+        present = {key: (size, mtime) for key, size, mtime in chunks.list_keys()}  # (2)
+        report.chunks = len(present)
+        report.chunk_bytes = sum(s for s, _ in present.values())
+        if progress:
+            progress("listed chunks", len(present), len(present))
+        refs, report.manifests, report.jobs = referenced_chunks(store, ignore_unreadable=opts.ignore_unreadable)  # (3)
+        report.missing = len(refs - present.keys())
+        leased, report.leases = live_leases(store, t0, opts.lease_ttl, dry_run)  # type: ignore[arg-type]
+        refs |= leased
+        cutoff = t0 - opts.grace  # type: ignore[operator]
+        victims = []
+        for key, (size, mtime) in present.items():
+            if key in refs:
+                report.referenced += 1
+                report.referenced_bytes += size
+                continue
+            report.unreferenced += 1
+            if mtime is None or mtime >= cutoff:
+                report.too_young += 1
+                continue
+            victims.append((key, size))
+        if dry_run:
+            report.deleted = len(victims)
+            report.bytes_reclaimed = sum(s for _, s in victims)
+            report.deleted_keys = [k for k, _ in victims]
+        else:
+            _delete(store, victims, opts, deadline, report, now, progress)  # (4)
+    finally:
+        report.seconds = now() - t0
+        if not dry_run:
+            try:
+                _put_json(store, marker_key, {**marker, "state": "done", "finished": now(),
+                                              "deleted": report.deleted})  # (5)
+                _expire_markers(store, now(), opts.marker_ttl)  # type: ignore[arg-type]
+            except TrainstoreError as exc:  # the marker's deadline still bounds what savers wait for
+                log.warning("gc: could not finish sweep marker %s: %s", marker_key, exc)
+    log.info("gc of %s: %d chunks, %d referenced, deleted %d (%.1f MB)%s", store.url, report.chunks,
+             report.referenced, report.deleted, report.bytes_reclaimed / 1e6, " [dry run]" if dry_run else "")
+    return report
+
+
+def _delete(store: Store, victims: list[tuple[str, int]], opts: GcOptions, deadline: float, report: GcReport,
+            now: Callable[[], float], progress: Callable[[str, int, int], Any] | None) -> None:
+    with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-gc") as pool:
+        for i in range(0, len(victims), opts.batch):
+            if now() > deadline:
+                report.stopped_early = True
+                log.warning("gc: stopping at the sweep deadline with %d chunks left", len(victims) - i)
+                break
+            batch = victims[i:i + opts.batch]
+            list(pool.map(lambda kv: store.delete(kv[0]), batch))
+            report.deleted += len(batch)
+            report.bytes_reclaimed += sum(s for _, s in batch)
+            report.deleted_keys += [k for k, _ in batch]
+            if progress:
+                progress("deleting", report.deleted, len(victims))
+
+
+def _expire_markers(store: Store, now: float, ttl: float) -> None:
+    for m in list(store.list(SWEEPS)):
+        obj = _load_json(store, m.key)
+        if obj is not None and obj.get("state") == "done" and float(obj.get("finished") or 0) < now - ttl:
+            store.delete(m.key)
+
+
+def sweep_markers(store: Store) -> Iterator[dict]:
+    for m in list(store.list(SWEEPS)):
+        obj = _load_json(store, m.key)
+        if obj is not None:
+            obj["key"] = m.key
+            yield obj
+
+
+# -- the save side ------------------------------------------------------------------------
+class _Knowledge:
+    """Per ChunkStore: since when its cached chunk-existence knowledge may date."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.lock = threading.Lock()
+
+
+_knowledge: weakref.WeakKeyDictionary[ChunkStore, _Knowledge] = weakref.WeakKeyDictionary()
+_knowledge_lock = threading.Lock()
+#: saves re-check every chunk when their knowledge is older than this (markers may have expired)
+KNOWLEDGE_MAX_AGE_S = 86400.0
+
+
+def _gc_stores(store: Store) -> tuple[list[Store], list[Store]]:
+    """(stores to lease in and watch for sweeps, stores whose lease is dropped at commit)."""
+    fn = getattr(store, "gc_stores", None)
+    if fn is None:
+        return [store], [store]
+    return fn()
+
+
+def _relevant(markers: list[dict], since: float, now: float) -> list[dict]:
+    out = []
+    for m in markers:
+        if m.get("state") == "running" and now <= float(m.get("deadline") or 0) + CLOCK_SKEW_S:
+            out.append(m)
+        elif float(m.get("finished") or m.get("deadline") or 0) >= since - CLOCK_SKEW_S:
+            out.append(m)
+    return out
+
+
+@contextmanager
+def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
+                 pieces: dict[str, memoryview] | None, started: float,
+                 poll_s: float = 0.2) -> Iterator[mf.Manifest]:
+    """Protect ``manifest``'s chunks from concurrent sweeps while it is committed.
+
+    ``pieces`` maps tensor names to the raw bytes that were saved (to write back chunks a
+    sweep removed); ``started`` is when the save began. Commit inside the ``with`` block.
+    """
+    stores, release_now = _gc_stores(store)
+    keys = sorted(mf.manifest_chunk_keys(manifest, chunks.prefix))
+    t = time.time()
+    lease_key = f"{LEASES}{manifest.job}-{manifest.step:012d}-{uuid.uuid4().hex[:12]}.json"
+    body = {"job": manifest.job, "step": manifest.step, "created": t, "expires": t + 86400.0, "chunks": keys}
+    for s in stores:
+        _put_json(s, lease_key, body)  # (a)
+    ok = False
+    try:
+        with _knowledge_lock:
+            know = _knowledge.setdefault(chunks, _Knowledge(started))
+        with know.lock:
+            now = time.time()
+            markers = [m for s in stores for m in sweep_markers(s)]  # (b)
+            relevant = _relevant(markers, know.since, now)
+            if relevant or now - know.since > KNOWLEDGE_MAX_AGE_S:
+                _wait_for(stores, {m["key"] for m in relevant if m.get("state") == "running"}, poll_s)  # (c)
+                forgotten_at = time.time()
+                chunks.forget()
+                restored = _ensure_chunks(chunks, manifest, pieces)
+                if restored:
+                    log.warning("checkpoint %s step %d: a concurrent gc sweep removed %d reused chunks; "
+                                "wrote them again", manifest.job, manifest.step, restored)
+                know.since = forgotten_at
+        yield manifest  # (d) the caller commits
+        ok = True
+    finally:
+        for s in (release_now if ok else stores):  # (e)
+            try:
+                s.delete(lease_key)
+            except TrainstoreError as exc:  # an orphan lease only delays gc until it expires
+                log.warning("could not drop gc lease %s: %s", lease_key, exc)
+
+
+def _wait_for(stores: list[Store], running: set[str], poll_s: float) -> None:
+    while running:
+        still = set()
+        now = time.time()
+        for s in stores:
+            for m in sweep_markers(s):
+                if m["key"] in running and m.get("state") == "running" \
+                        and now <= float(m.get("deadline") or 0) + CLOCK_SKEW_S:
+                    still.add(m["key"])
+        running = still
+        if running:
+            time.sleep(poll_s)
+
+
+def _ensure_chunks(chunks: ChunkStore, manifest: mf.Manifest, pieces: dict[str, memoryview] | None) -> int:
+    """HEAD every chunk of ``manifest``; write back missing ones from ``pieces``. Returns count."""
+    entries = []
+    for name, t in manifest.tensors.items():
+        pos = 0
+        for piece in t.chunks:
+            entries.append((name, pos, piece))
+            pos += piece.size
+
+    def exists(ref: ChunkRef) -> bool:
+        try:
+            chunks.store.head(ref.key(chunks.prefix))
+            return True
+        except NotFoundError:
+            return False
+
+    restored = 0
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainstore-gc-check") as pool:
+        found = list(pool.map(lambda e: tuple(exists(r) for r in e[2].refs()), entries))
+    for (name, pos, piece), here in zip(entries, found):
+        if all(here):
+            continue
+        raw = None if pieces is None or name not in pieces else memoryview(pieces[name]).cast("B")[pos:pos + piece.size]
+        if raw is None or raw.nbytes != piece.size:
+            raise IntegrityError(f"checkpoint {manifest.job} step {manifest.step}: chunk(s) of tensor {name!r} were "
+                                 "deleted by a concurrent gc sweep and the saved bytes are not available to rewrite")
+        restored += sum(1 for h in here if not h)
+        _rewrite(chunks, piece, raw, here)
+    return restored
+
+
+def _put_exact(chunks: ChunkStore, ref: ChunkRef, data: memoryview) -> None:
+    got = chunks.put(data, ref.codec, ref.itemsize, digest=ref.hash).ref
+    if got != ref:
+        raise IntegrityError(f"rewriting chunk {ref.key(chunks.prefix)} gave {got.stored} stored bytes, "
+                             f"the manifest records {ref.stored}")
+
+
+def _rewrite(chunks: ChunkStore, piece: mf.ChunkEntry, raw: memoryview, here: tuple[bool, ...]) -> None:
+    if piece.base is None:  # plain or same-as-base: the chunk is the raw piece
+        _put_exact(chunks, piece.ref, raw)
+        return
+    delta_ok, base_ok = here
+    a = np.frombuffer(raw, dtype=np.uint8)
+    if not delta_ok and not base_ok:
+        raise IntegrityError(f"both the delta {piece.ref.key(chunks.prefix)} and its base chunk were deleted")
+    other = piece.base if base_ok else piece.ref
+    other_raw = np.frombuffer(memoryview(chunks.get(other)).cast("B"), dtype=np.uint8)
+    missing = piece.ref if base_ok else piece.base
+    _put_exact(chunks, missing, memoryview(np.bitwise_xor(a, other_raw)))
+
+
+__all__ = ["GcOptions", "GcReport", "collect_garbage", "commit_lease", "referenced_chunks", "sweep_markers",
+           "SWEEPS", "LEASES"]

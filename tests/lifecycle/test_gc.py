@@ -1,0 +1,169 @@
+"""Garbage collection: what goes, what stays, and safety against concurrent saves."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from trainstore import CheckpointManager, CheckpointPolicy, open_store
+from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.writer import WriteOptions
+from trainstore.errors import ManifestError
+from trainstore.lifecycle.gc import LEASES, GcOptions, collect_garbage, sweep_markers
+from trainstore.lifecycle.retention import RetentionPolicy, delete_checkpoint, retention_hook
+
+from .helpers import NOW, make_ckpt
+
+NOGRACE = GcOptions(grace=0)
+SMALL = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2, nice=0)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(str(tmp_path / "s"))
+    yield s
+    s.close()
+
+
+def chunk_keys(store):
+    return {m.key for m in store.list("chunks/")}
+
+
+def test_deletes_only_unreferenced_and_reports_bytes(store):
+    for s in (1, 2, 3):
+        make_ckpt(store, "j", s, created=NOW)
+    make_ckpt(store, "k", 1, created=NOW, seed=2)  # another job sharing step 2's chunk
+    m1 = mf.load_manifest(store, "j", 1)
+    gone = mf.manifest_chunk_keys(m1)
+    delete_checkpoint(store, "j", 1)
+    delete_checkpoint(store, "j", 2)  # its chunk is still referenced by job k
+    before = chunk_keys(store)
+    dry = collect_garbage(store, NOGRACE, dry_run=True)
+    assert dry.dry_run and set(dry.deleted_keys) == gone and chunk_keys(store) == before
+    assert not list(store.list("gc/"))  # a dry run writes nothing
+    rep = collect_garbage(store, NOGRACE)
+    assert set(rep.deleted_keys) == gone and rep.deleted == 1
+    assert rep.bytes_reclaimed == sum(r.stored for r in mf.manifest_refs(m1)) > 0
+    assert rep.manifests == 2 and rep.jobs == 2 and rep.missing == 0
+    assert chunk_keys(store) == before - gone
+    markers = list(sweep_markers(store))
+    assert [m["state"] for m in markers] == ["done"]
+
+
+def test_grace_period_protects_young_chunks(store):
+    make_ckpt(store, "j", 1, created=NOW)
+    delete_checkpoint(store, "j", 1)
+    rep = collect_garbage(store, GcOptions(grace="1h"))
+    assert rep.deleted == 0 and rep.too_young == 1
+    rep = collect_garbage(store, GcOptions(grace="1h"), now=lambda: time.time() + 7200)
+    assert rep.deleted == 1
+
+
+def test_unreadable_manifest_stops_gc(store):
+    make_ckpt(store, "j", 1, created=NOW)
+    store.put(mf.manifest_key("j", 2), b"{not json")
+    with pytest.raises(ManifestError, match="gc refuses to run"):
+        collect_garbage(store, NOGRACE)
+    assert collect_garbage(store, GcOptions(grace=0, ignore_unreadable=True)).deleted == 0
+
+
+def test_lease_protects_chunks_of_an_inflight_save(store):
+    make_ckpt(store, "j", 1, created=NOW)
+    keys = sorted(chunk_keys(store))
+    delete_checkpoint(store, "j", 1)
+    store.put(LEASES + "j-000000000002-x.json",
+              ('{"job":"j","step":2,"expires":%f,"chunks":["%s"]}' % (time.time() + 60, keys[0])).encode())
+    assert collect_garbage(store, NOGRACE).deleted == 0
+    store.put(LEASES + "j-000000000002-x.json",  # expired: a crashed save's lease
+              ('{"job":"j","step":2,"expires":%f,"chunks":["%s"]}' % (time.time() - 3600, keys[0])).encode())
+    assert collect_garbage(store, NOGRACE).deleted == 1
+    assert not list(store.list(LEASES))
+
+
+def test_save_rewrites_remembered_chunk_that_gc_deleted(tmp_path):
+    """The manager's ChunkStore remembers chunks it wrote; after retention + gc removed them,
+    saving the same bytes again must not commit a manifest naming missing chunks."""
+    root = str(tmp_path / "s")
+    state = {"w": np.random.default_rng(0).standard_normal(8192).astype(np.float32)}
+    with CheckpointManager(root, "j", CheckpointPolicy(full_every=1, incremental_every=None), options=SMALL) as mgr:
+        mgr.save(1, state, blocking=True)
+        mgr.save(2, {"w": np.zeros(8192, np.float32)}, blocking=True)
+        delete_checkpoint(mgr.store, "j", 1)
+        assert collect_garbage(mgr.store, NOGRACE).deleted > 0
+        mgr.save(3, state, blocking=True)  # cache: "these chunks exist" - they do not any more
+        assert all(r.ok for r in mgr.verify(3, deep=True))
+        assert np.array_equal(mgr.restore(3)["w"], state["w"])
+
+
+def _stress(tmp_path, threads: int, procs: int, saves: int, seconds_cap: float) -> None:
+    root = str(tmp_path / "s")
+    pool = [np.random.default_rng(i).standard_normal(16384).astype(np.float32) for i in range(4)]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def saver(job: str) -> None:
+        try:
+            with CheckpointManager(root, job, CheckpointPolicy(full_every=3, incremental_every=1), options=SMALL,
+                                   hooks=[retention_hook(RetentionPolicy(keep_last=2))]) as mgr:
+                for step in range(saves):
+                    mgr.save(step, {"a": pool[step % 4], "b": pool[(step // 2) % 4], "step": step}, blocking=True)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    sweeps = []
+
+    def sweeper() -> None:
+        s = open_store(root)
+        try:
+            while not stop.is_set():
+                sweeps.append(collect_garbage(s, GcOptions(grace=0, workers=2)))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    child = os.path.join(os.path.dirname(__file__), "gc_child.py")
+    children = [subprocess.Popen([sys.executable, child, root, f"proc{i}", str(saves)], env=env,
+                                 stdout=subprocess.DEVNULL) for i in range(procs)]
+    gc_thread = threading.Thread(target=sweeper)
+    gc_thread.start()
+    workers = [threading.Thread(target=saver, args=(f"thread{i}",)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(seconds_cap)
+    for c in children:
+        assert c.wait(seconds_cap) == 0
+    stop.set()
+    gc_thread.join(seconds_cap)
+    assert not errors, errors
+    assert sum(r.deleted for r in sweeps) > 0 and len(sweeps) >= 2  # gc really ran and deleted
+    store = open_store(root)
+    jobs = mf.list_jobs(store)
+    assert len(jobs) == threads + procs
+    for job in jobs:
+        with CheckpointManager(store, job, options=SMALL) as mgr:
+            steps = mgr.steps()
+            assert steps[-1] == saves - 1
+            recs = mgr.verify(deep=True)
+            assert recs and all(r.ok for r in recs), [r.errors for r in recs if not r.ok]
+            state = mgr.restore()
+            assert np.array_equal(state["a"], pool[(saves - 1) % 4])
+    final = collect_garbage(store, NOGRACE)
+    assert final.missing == 0
+
+
+@pytest.mark.timeout(240)
+def test_gc_concurrent_with_thread_and_process_saves(tmp_path):
+    _stress(tmp_path, threads=2, procs=1, saves=25, seconds_cap=200)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(900)
+def test_gc_stress_many_savers(tmp_path):
+    _stress(tmp_path, threads=4, procs=3, saves=120, seconds_cap=800)
