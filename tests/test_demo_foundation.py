@@ -24,14 +24,17 @@ def test_foundation_demo_figures(tmp_path):
             assert summary["codecs"][codec]["bf16"]["stored"] < summary["codecs"][codec]["bf16"]["raw"]
     assert summary["codecs"]["shuffle-zstd"]["f32"]["stored"] < summary["codecs"]["zstd"]["f32"]["stored"]
     assert summary["rewrite"] == {"written": 0, "deduped": 13}
-    assert "demo-canary/chunks/" in summary["corruption"]
+    assert "demo/canary/chunks/" in summary["corruption"]
     text = out.getvalue()
     assert "corruption detected" in text and "shuffle-zstd" in text
     store = open_store(str(tmp_path / "store"), create=False)
-    assert sum(1 for _ in store.list("chunks/")) == 4 * 9
-    # Rerunning on the same store is fine (chunks dedup; the canary was restored).
+    assert sum(1 for _ in store.list("demo/chunks/")) == 4 * 9
+    # A rerun starts from a clean demo/ prefix (real writes again) and leaves other keys alone.
+    store.put("user/data", b"keep me")
     again = run_foundation_demo(str(tmp_path / "store"), console=Console(file=io.StringIO()))
-    assert again["objects"] == summary["objects"]
+    assert again["codecs"] == summary["codecs"]
+    assert again["objects"] == summary["objects"] + 1
+    assert store.get("user/data") == b"keep me"
 
 
 def test_demo_command_on_memory_store():

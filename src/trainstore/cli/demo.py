@@ -15,7 +15,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from ..chunks import ChunkRef, ChunkStore, ChunkWriter
 from ..codecs import CODECS, CodecConfig
@@ -25,6 +25,9 @@ from .common import console as default_console
 from .common import handle_errors, store_options
 
 DEFAULT_STORE = "./.demo/store"
+#: Everything the demo writes lives under this prefix (cleared at the start of each run, so
+#: a rerun shows real writes, and nothing else in a store pointed to with --store is touched).
+DEMO_PREFIX = "demo"
 CHUNK_BYTES = 1 << 20
 
 
@@ -95,7 +98,7 @@ def _read_back(chunks: ChunkStore, tensors: dict[str, np.ndarray], refs: dict[st
 
 def _corruption_check(store: Store) -> str:
     """Write a canary chunk under its own prefix, flip one byte, show the error, restore."""
-    canary = ChunkStore(store, prefix="demo-canary/chunks")
+    canary = ChunkStore(store, prefix=f"{DEMO_PREFIX}/canary/chunks")
     ref = canary.put(_weight_like(7, (64, 1024)), codec="shuffle-zstd", itemsize=4).ref
     key = ref.key(canary.prefix)
     good = bytes(memoryview(store.get(key)))
@@ -119,30 +122,32 @@ def run_foundation_demo(store_url: str = DEFAULT_STORE, options: Optional[dict] 
     """Run the foundation demo on ``store_url``; prints rich tables, returns the figures."""
     con = console or default_console
     store = open_store(store_url, **(options or {}))
+    for meta in list(store.list(f"{DEMO_PREFIX}/")):
+        store.delete(meta.key)
     tensors = demo_tensors()
     raw_total = sum(a.nbytes for a in tensors.values())
     con.print(f"[bold]trainstore foundation demo[/bold] on {escape(store.url)}")
     con.print(f"{len(tensors)} weight-like tensors (normal(0, 0.02)), {raw_total / 2**20:.1f} MiB, "
               f"{CHUNK_BYTES >> 20} MiB chunks; the last one duplicates the first")
 
-    table = Table("codec", "dtype", "raw MiB", "stored MiB", "ratio", "chunks written", "dedup hits",
-                  "write MB/s", "verified read MB/s", title="chunk store: every codec")
+    table = Table(Column("codec", no_wrap=True, min_width=12), "dtype", "raw\nMiB", "stored\nMiB", "ratio", "new\nchunks", "dedup\nhits",
+                  "put\nMB/s", "verified\nget MB/s", title="chunk store: every codec")
     summary: dict[str, Any] = {"store": store.url, "codecs": {}}
     for codec in CODECS:
-        chunks = ChunkStore(store, codec=CodecConfig(codec=codec))
+        chunks = ChunkStore(store, prefix=f"{DEMO_PREFIX}/chunks", codec=CodecConfig(codec=codec))
         result = _write_all(chunks, tensors, codec)
         read_s = _read_back(chunks, tensors, result["refs"])
         summary["codecs"][codec] = result["stats"]
         first = True
         for kind, s in result["stats"].items():
-            table.add_row(codec if first else "", kind, f"{s['raw'] / 2**20:.1f}", f"{s['stored'] / 2**20:.2f}",
+            table.add_row(codec if first else "", kind, f"{s['raw'] / 2**20:.0f}", f"{s['stored'] / 2**20:.2f}",
                           f"{s['stored'] / s['raw']:.3f}", str(int(s["written"])), str(int(s["deduped"])),
                           f"{raw_total / result['seconds'] / 1e6:.0f}" if first else "",
                           f"{raw_total / read_s / 1e6:.0f}" if first else "")
             first = False
     con.print(table)
 
-    again = _write_all(ChunkStore(store), tensors, "shuffle-zstd")
+    again = _write_all(ChunkStore(store, prefix=f"{DEMO_PREFIX}/chunks"), tensors, "shuffle-zstd")
     written = sum(int(s["written"]) for s in again["stats"].values())
     deduped = sum(int(s["deduped"]) for s in again["stats"].values())
     summary["rewrite"] = {"written": written, "deduped": deduped}
@@ -156,8 +161,9 @@ def run_foundation_demo(store_url: str = DEFAULT_STORE, options: Optional[dict] 
     groups: dict[str, list[int]] = {}
     for meta in store.list(""):
         parts = meta.key.split("/")
-        top = "/".join(parts[:-2]) if parts[-3:-2] == ["chunks"] else parts[0]
-        group = f"{top}/*.{parts[-1].rpartition('.')[2]}" if parts[-3:-2] == ["chunks"] else top
+        is_chunk = parts[-3:-2] == ["chunks"]
+        top = "/".join(parts[:-2]) if is_chunk else parts[0]
+        group = f"{top}/*.{parts[-1].rpartition('.')[2]}" if is_chunk else top
         g = groups.setdefault(group, [0, 0])
         g[0] += 1
         g[1] += meta.size
