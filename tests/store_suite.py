@@ -172,6 +172,16 @@ class StoreSuite:
         assert isinstance(info.value, FileExistsError)
         assert as_bytes(store.get("m/manifest.json")) == b"first"
 
+    def test_large_objects(self, store: Store) -> None:
+        """Past obstore's 5 MiB multipart threshold: put, conditional create, ranges."""
+        big = bytes(range(256)) * (24 * 1024 + 7)  # ~6 MiB
+        store.put("big/a", big)
+        store.put_if_absent("big/b", big)
+        with pytest.raises(AlreadyExistsError):
+            store.put_if_absent("big/b", big[:100])
+        assert as_bytes(store.get("big/a")) == big and store.head("big/b").size == len(big)
+        assert as_bytes(store.get_range("big/b", len(big) - 10, 10)) == big[-10:]
+
     def test_put_if_absent_after_delete(self, store: Store) -> None:
         store.put_if_absent("k", b"1")
         store.delete("k")
