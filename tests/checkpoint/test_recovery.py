@@ -114,7 +114,8 @@ _CHILD = textwrap.dedent("""
     root = sys.argv[1]
     mgr = CheckpointManager(root, job="kill", policy=CheckpointPolicy(full_every=3, incremental_every=1),
                             options=WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2))
-    start = (mgr.latest_step() or -1) + 1
+    latest = mgr.latest_step()
+    start = 0 if latest is None else latest + 1
     for step in range(start, start + 1000):
         w = torch.full((20000,), float(step))
         mgr.save(step, {"w": w, "step": step})
@@ -123,12 +124,12 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.timeout(300)
 def test_sigkill_during_saves_leaves_only_complete_checkpoints(tmp_path):
     root = str(tmp_path / "store")
     rng = random.Random(1234)
     acknowledged = -1
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    deadline = time.monotonic() + 75
     reps = 0
     while reps < 20:
         proc = subprocess.Popen([sys.executable, "-c", _CHILD, root], stdout=subprocess.PIPE, env=env, text=True)
@@ -148,8 +149,6 @@ def test_sigkill_during_saves_leaves_only_complete_checkpoints(tmp_path):
             state = mgr.restore()
             assert mgr.last_restore.step == steps[-1] and not mgr.last_restore.skipped
             assert state["step"] == steps[-1] and torch.equal(state["w"], torch.full((20000,), float(steps[-1])))
-        if time.monotonic() > deadline:
-            break
     assert reps >= 20
     with CheckpointManager(root, job="kill", options=SMALL) as mgr:
         assert all(r.ok for r in mgr.verify(deep=True))
