@@ -142,6 +142,14 @@ class LocalStore(Store):
     def _meta(self, key: str, st: os.stat_result) -> ObjectMeta:
         return ObjectMeta(key, st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}", st.st_mtime)
 
+    def _stat_meta(self, key: str, path: str, data: Buffer) -> ObjectMeta:
+        """Meta of an object just written; a concurrent delete right after the rename (a gc
+        sweep) is not a failure of the write."""
+        try:
+            return self._meta(key, os.stat(path))
+        except FileNotFoundError:
+            return ObjectMeta(key, memoryview(data).nbytes)
+
     # -- interface -------------------------------------------------------------------------
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -206,7 +214,7 @@ class LocalStore(Store):
                 raise
             if self.fsync:
                 _fsync_dir(os.path.dirname(path))
-            return self._meta(key, os.stat(path))
+            return self._stat_meta(key, path, data)
         except OSError as exc:
             raise io_error(exc, f"writing {key!r} to {self.url}") from exc
 
@@ -231,7 +239,7 @@ class LocalStore(Store):
         try:
             if self.fsync:
                 _fsync_dir(os.path.dirname(path))
-            return self._meta(key, os.stat(path))
+            return self._stat_meta(key, path, data)
         except OSError as exc:
             raise io_error(exc, f"committing {key!r} to {self.url}") from exc
 

@@ -1,0 +1,181 @@
+"""Monitoring: Prometheus metrics for checkpoints, plus per-process stats persisted in the store.
+
+    metrics = CheckpointMetrics()                 # its own CollectorRegistry (or pass one)
+    mgr = CheckpointManager(url, job, observers=[metrics.observe], hooks=[...])
+    metrics.serve(port=9108)                      # optional /metrics endpoint (127.0.0.1)
+
+Metrics (prefix ``trainstore_ckpt_``): saves by kind and outcome, caller blocking seconds,
+save and restore duration, time from creation to restore-ready and to durable, bytes
+logical/stored/written per tier, the last save's dedup and compression ratios, restores and
+fallbacks (checkpoints skipped on the way), verification failures.
+
+With ``persist=True`` (the default when a store is given) the observer also writes its
+cumulative counters to ``jobs/<job>/stats/<host>-<pid>-<start>.json`` in the store after
+each event, so ``trainstore ckpt stats`` can summarise restores and recovery success across
+processes and machines (``load_stats``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from ..checkpoint import manifest as mf
+from ..errors import TrainstoreError
+from ..store.base import Store
+
+log = logging.getLogger("trainstore.lifecycle.metrics")
+
+_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+STATS_FIELDS = ("saves", "save_failures", "save_seconds", "blocked_seconds", "restores", "restores_ok",
+                "restores_failed", "fallbacks", "verifications", "verify_failures", "logical_bytes",
+                "written_bytes", "durable_copies", "durable_seconds")
+
+
+@dataclass
+class _Persisted:
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATS_FIELDS, 0.0))
+    first: float | None = None
+    last: float | None = None
+
+
+class CheckpointMetrics:
+    """Prometheus collectors for checkpoint activity; ``observe`` is a manager observer."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, store: Store | None = None,
+                 persist: bool = True) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        p = "trainstore_ckpt_"
+        self.saves = Counter(p + "saves", "Committed checkpoint saves", ["job", "kind"], registry=r)
+        self.save_failures = Counter(p + "save_failures", "Failed checkpoint saves", ["job"], registry=r)
+        self.blocking = Histogram(p + "blocking_seconds", "Time the training loop was blocked by save()",
+                                  ["job"], buckets=_SECONDS, registry=r)
+        self.save_seconds = Histogram(p + "save_seconds", "Background save duration (write + commit)",
+                                      ["job", "kind"], buckets=_SECONDS, registry=r)
+        self.restore_ready = Histogram(p + "restore_ready_seconds", "Creation to restore-ready (committed)",
+                                       ["job"], buckets=_SECONDS, registry=r)
+        self.durable = Histogram(p + "durable_seconds", "Creation to durable (copied to the durable tier)",
+                                 ["job"], buckets=_SECONDS, registry=r)
+        self.bytes = Counter(p + "bytes", "Checkpoint bytes by tier and kind (logical, stored, written)",
+                             ["job", "tier", "kind"], registry=r)
+        self.dedup_ratio = Gauge(p + "dedup_ratio", "Last save: fraction of stored bytes not written (dedup)",
+                                 ["job"], registry=r)
+        self.compression_ratio = Gauge(p + "compression_ratio", "Last save: stored bytes / logical bytes",
+                                       ["job"], registry=r)
+        self.restores = Counter(p + "restores", "Restores by outcome", ["job", "outcome"], registry=r)
+        self.restore_seconds = Histogram(p + "restore_seconds", "Restore duration", ["job"], buckets=_SECONDS,
+                                         registry=r)
+        self.fallbacks = Counter(p + "fallbacks", "Checkpoints skipped by restore (corrupt or incomplete)",
+                                 ["job"], registry=r)
+        self.verifications = Counter(p + "verifications", "Verifications by outcome", ["job", "outcome"],
+                                     registry=r)
+        self.store = store
+        self.persist = persist and store is not None
+        self._lock = threading.Lock()
+        self._persisted: dict[str, _Persisted] = {}
+        self._id = f"{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}"
+        self._server: Any = None
+
+    # -- the observer ----------------------------------------------------------------------
+    def observe(self, event: str, f: dict) -> None:
+        """``CheckpointManager`` observer: turns manager events into metrics."""
+        job = f.get("job", "?")
+        add: dict[str, float] = {}
+        if event == "save_staged":
+            self.blocking.labels(job).observe(f["blocked_s"])
+            add["blocked_seconds"] = f["blocked_s"]
+        elif event == "save_committed":
+            self.saves.labels(job, f["kind"]).inc()
+            self.save_seconds.labels(job, f["kind"]).observe(f["seconds"])
+            self.restore_ready.labels(job).observe(f["since_created"])
+            for kind in ("logical", "stored", "written"):
+                self.bytes.labels(job, "hot", kind).inc(f[f"{kind}_bytes"])
+            if f["stored_bytes"]:
+                self.dedup_ratio.labels(job).set(1.0 - f["written_bytes"] / f["stored_bytes"])
+            if f["logical_bytes"]:
+                self.compression_ratio.labels(job).set(f["stored_bytes"] / f["logical_bytes"])
+            add.update(saves=1, save_seconds=f["seconds"], logical_bytes=f["logical_bytes"],
+                       written_bytes=f["written_bytes"])
+        elif event == "save_failed":
+            self.save_failures.labels(job).inc()
+            add["save_failures"] = 1
+        elif event == "restore":
+            self.restores.labels(job, "ok" if f["ok"] else "failed").inc()
+            self.restore_seconds.labels(job).observe(f["seconds"])
+            self.fallbacks.labels(job).inc(f["skipped"])
+            add.update(restores=1, fallbacks=f["skipped"], **{"restores_ok" if f["ok"] else "restores_failed": 1})
+        elif event == "verify":
+            self.verifications.labels(job, "ok" if f["ok"] else "failed").inc()
+            add.update(verifications=1, verify_failures=0 if f["ok"] else 1)
+        elif event == "durable":
+            self.durable.labels(job).observe(f["since_created"])
+            self.bytes.labels(job, f.get("tier", "durable"), "stored").inc(f.get("copied_bytes", 0))
+            add.update(durable_copies=1, durable_seconds=f["since_created"])
+        if add:
+            self._persist(job, add)
+
+    def _persist(self, job: str, add: dict[str, float]) -> None:
+        if not self.persist:
+            return
+        with self._lock:
+            st = self._persisted.setdefault(job, _Persisted())
+            for k, v in add.items():
+                st.counters[k] = st.counters.get(k, 0.0) + float(v)
+            now = time.time()
+            st.first = st.first or now
+            st.last = now
+            body = json.dumps({"process": self._id, "job": job, "first": st.first, "last": st.last,
+                               "counters": st.counters}).encode()
+            try:
+                self.store.put(f"{mf.job_prefix(job)}stats/{self._id}.json", body)  # type: ignore[union-attr]
+            except TrainstoreError as exc:
+                log.warning("could not persist checkpoint stats of job %r: %s", job, exc)
+
+    # -- serving ---------------------------------------------------------------------------
+    def serve(self, port: int = 0, addr: str = "127.0.0.1") -> int:
+        """Start a ``/metrics`` HTTP endpoint (a daemon thread); returns the bound port."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = server
+        return int(server.server_port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def text(self) -> str:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+
+def load_stats(store: Store, job: str) -> dict[str, Any]:
+    """Sum the persisted counters of every process that observed ``job``."""
+    total = dict.fromkeys(STATS_FIELDS, 0.0)
+    processes = 0
+    for meta in store.list(f"{mf.job_prefix(job)}stats/"):
+        try:
+            obj = json.loads(bytes(memoryview(store.get(meta.key))))
+            counters = obj["counters"]
+        except (TrainstoreError, ValueError, KeyError, TypeError):
+            continue
+        processes += 1
+        for k in STATS_FIELDS:
+            v = counters.get(k, 0)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                total[k] += v
+    total["processes"] = processes
+    return total
+
+
+__all__ = ["CheckpointMetrics", "load_stats", "STATS_FIELDS"]

@@ -1,0 +1,367 @@
+"""Tiering: a hot tier (local directory), a durable tier (object store), an optional archive.
+
+    tiers = Tiering("/nvme/ckpt", "s3://bucket/run", durable_options={...},
+                    policy=TierPolicy(hot_keep_last=2, archive_after="30d"), archive="s3://cold/run")
+    mgr = tiers.manager("run-1")          # a CheckpointManager on the tiered store
+    ...                                   # saves commit to hot; copies to durable run behind
+    tiers.wait(); tiers.status("run-1")   # hot / durable / archived, created->ready->durable times
+
+* A save is **restore-ready** once its manifest is committed in the hot tier.
+* The manager's post-commit hook queues a **durable copy** (background thread): chunks the
+  durable tier lacks, then the manifest with a conditional create, then a tier record
+  ``jobs/<job>/checkpoints/<step>/tier.json`` (created, restore_ready_at, durable_at).
+* After each copy, checkpoints past the hot rule (``hot_keep_last``, ``hot_max_age``) that
+  are durable are **evicted** from hot, and hot chunks nothing references any more are
+  collected (the gc protocol keeps concurrent saves safe).
+* ``archive()`` moves durable full checkpoints older than ``archive_after`` to the archive.
+* ``TieredStore`` reads hot, else durable, else archive: restore is transparent.
+
+Save leases (see ``gc``) are written to hot and durable; the durable one is dropped only
+after the durable copy, so a durable-tier gc cannot take a chunk that a hot checkpoint
+reuses from the durable tier before the copy completes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoint import manifest as mf
+from ..errors import AlreadyExistsError, ConfigError, ConflictError, NotFoundError, TrainstoreError
+from ..store import open_store
+from ..store.base import Buffer, ObjectMeta, Store
+from .gc import LEASES, GcOptions, collect_garbage
+from .retention import delete_checkpoint, parse_duration
+
+log = logging.getLogger("trainstore.lifecycle.tiering")
+TIER_NAME = "tier.json"
+
+
+class TieredStore(Store):
+    """Writes go to ``hot``; reads fall through hot -> durable -> archive; listings merge."""
+
+    def __init__(self, hot: Store, durable: Store, archive: Store | None = None) -> None:
+        self.hot, self.durable, self.archive = hot, durable, archive
+        self.tiers = [s for s in (hot, durable, archive) if s is not None]
+        self.url = f"tiered({hot.url} -> {durable.url}" + (f" -> {archive.url})" if archive else ")")
+
+    def _first(self, key: str, fn: Callable[[Store], Any]) -> Any:
+        for s in self.tiers:
+            try:
+                return fn(s)
+            except NotFoundError:
+                continue
+        raise NotFoundError(f"no object {key!r} in any tier of {self.url}")
+
+    def get(self, key: str) -> Buffer:
+        return self._first(key, lambda s: s.get(key))
+
+    def get_range(self, key: str, start: int, length: int) -> Buffer:
+        return self._first(key, lambda s: s.get_range(key, start, length))
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[Buffer]:
+        return self._first(key, lambda s: s.get_ranges(key, ranges))
+
+    def head(self, key: str) -> ObjectMeta:
+        return self._first(key, lambda s: s.head(key))
+
+    def put(self, key: str, data: Buffer) -> ObjectMeta:
+        return self.hot.put(key, data)
+
+    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+        for s in self.tiers[1:]:  # a step evicted from hot still exists
+            if s.exists(key):
+                raise AlreadyExistsError(f"object {key!r} already exists in {s.url}")
+        return self.hot.put_if_absent(key, data)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        seen: set[str] = set()
+        for s in self.tiers:
+            for meta in s.list(prefix):
+                if meta.key not in seen:
+                    seen.add(meta.key)
+                    yield meta
+
+    def delete(self, key: str) -> None:
+        for s in self.tiers:
+            s.delete(key)
+
+    def local_path(self, key: str) -> str | None:
+        path = self.hot.local_path(key)
+        return path if path is not None and os.path.isfile(path) else None
+
+    def gc_stores(self) -> tuple[list[Store], list[Store]]:
+        """Leases go to hot and durable; only the hot one is dropped at commit (see module doc)."""
+        return [self.hot, self.durable], [self.hot]
+
+    def close(self) -> None:
+        for s in self.tiers:
+            s.close()
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    """Which checkpoints stay hot and which are archived. Durations: seconds or ``"30d"``."""
+
+    hot_keep_last: int = 2  # newest checkpoints kept in the hot tier (bases of kept incrementals too)
+    hot_max_age: float | str | None = None  # evict hot checkpoints older than this even if among the last
+    archive_after: float | str | None = None  # move durable full checkpoints older than this to the archive
+    evict_after_copy: bool = True  # evict (and collect hot chunks) after each durable copy
+    hot_gc_grace: float | str = "10m"  # hot chunks younger than this survive eviction's gc (in-flight saves)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hot_keep_last, int) or self.hot_keep_last < 1:
+            raise ConfigError(f"hot_keep_last must be a positive int, got {self.hot_keep_last!r}")
+        object.__setattr__(self, "hot_max_age", parse_duration(self.hot_max_age, "hot_max_age"))
+        object.__setattr__(self, "archive_after", parse_duration(self.archive_after, "archive_after"))
+        object.__setattr__(self, "hot_gc_grace", parse_duration(self.hot_gc_grace, "hot_gc_grace"))
+
+
+@dataclass(frozen=True)
+class TierStatus:
+    """Where one checkpoint is, and how long it took to get there."""
+
+    step: int
+    kind: str
+    hot: bool
+    durable: bool
+    archived: bool
+    created: float
+    restore_ready_s: float | None  # created -> committed in hot
+    durable_s: float | None  # created -> copied to durable
+
+    @property
+    def tiers(self) -> str:
+        return "/".join(n for n, on in (("hot", self.hot), ("durable", self.durable), ("archived", self.archived)) if on)
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "tiers": self.tiers}
+
+
+def _tier_key(job: str, step: int) -> str:
+    return mf.step_prefix(job, step) + TIER_NAME
+
+
+def copy_checkpoint(src: Store, dst: Store, job: str, step: int, workers: int = 4) -> int:
+    """Copy one checkpoint: chunks ``dst`` lacks, then the manifest (conditional create).
+    Returns the chunk bytes copied. Chunks missing in ``src`` must already be in ``dst``."""
+    raw = src.get(mf.manifest_key(job, step))
+    m = mf.Manifest.from_bytes(raw, mf.manifest_key(job, step))
+    keys = sorted(mf.manifest_chunk_keys(m))
+
+    def one(key: str) -> int:
+        if dst.exists(key):
+            return 0
+        data = src.get(key)
+        dst.put(key, data)
+        return memoryview(data).nbytes
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-tier-copy") as pool:
+        copied = sum(pool.map(one, keys))
+    try:
+        dst.put_if_absent(mf.manifest_key(job, step), raw)
+    except AlreadyExistsError:
+        if bytes(memoryview(dst.get(mf.manifest_key(job, step)))) != bytes(memoryview(raw)):
+            raise ConflictError(f"step {step} of job {job!r} exists in {dst.url} with different content") from None
+    return copied
+
+
+class Tiering:
+    """Hot/durable/archive tiers for the checkpoints of any number of jobs (see module doc)."""
+
+    def __init__(self, hot: str | Store, durable: str | Store, *, archive: str | Store | None = None,
+                 policy: TierPolicy | None = None, durable_options: dict | None = None,
+                 archive_options: dict | None = None, workers: int = 4,
+                 observers: Sequence[Callable[[str, dict], None]] = ()) -> None:
+        self.hot = open_store(hot)
+        self.durable = open_store(durable, **(durable_options or {}))
+        self.archive_store = open_store(archive, **(archive_options or {})) if archive is not None else None
+        self.store = TieredStore(self.hot, self.durable, self.archive_store)
+        self.policy = policy or TierPolicy()
+        self.workers = workers
+        self.observers = list(observers)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-tier")
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+
+    # -- integration with CheckpointManager -------------------------------------------------
+    def manager(self, job: str, **kw: Any) -> Any:
+        """A ``CheckpointManager`` for ``job`` on the tiered store, with the copy hook."""
+        from ..checkpoint.manager import CheckpointManager
+
+        hooks = [self.hook, *kw.pop("hooks", ())]
+        return CheckpointManager(self.store, job, hooks=hooks, **kw)
+
+    def hook(self, info: Any, manager: Any) -> None:
+        """Post-commit hook: record restore-ready, queue the durable copy."""
+        ready = time.time()
+        fut = self._pool.submit(self._copy_and_evict, manager.job, info.step, info.created, ready)
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()] + [fut]
+
+    def _copy_and_evict(self, job: str, step: int, created: float, ready: float) -> None:
+        try:
+            self.make_durable(job, step, created=created, restore_ready_at=ready)
+            if self.policy.evict_after_copy:
+                self.evict(job)
+        except BaseException as exc:
+            log.error("tiering: durable copy of step %d of job %r failed: %s", step, job, exc)
+            with self._lock:
+                self._errors.append(exc)
+            raise
+
+    def make_durable(self, job: str, step: int, *, created: float | None = None,
+                     restore_ready_at: float | None = None) -> TierStatus:
+        """Copy ``job``@``step`` from hot to durable and mark it durable there."""
+        if created is None or restore_ready_at is None:
+            m = mf.load_manifest(self.hot, job, step)
+            created = m.created if created is None else created
+            restore_ready_at = restore_ready_at or self.hot.head(mf.manifest_key(job, step)).mtime or created
+        copied = copy_checkpoint(self.hot, self.durable, job, step, self.workers)
+        durable_at = time.time()
+        record = {"created": created, "restore_ready_at": restore_ready_at, "durable_at": durable_at,
+                  "copied_bytes": copied}
+        self.durable.put(_tier_key(job, step), json.dumps(record).encode())
+        for meta in list(self.durable.list(f"{LEASES}{job}-{step:012d}-")):
+            self.durable.delete(meta.key)  # the save's durable lease: the manifest protects its chunks now
+        for obs in self.observers:
+            try:
+                obs("durable", {"job": job, "step": step, "since_created": durable_at - created,
+                                "copied_bytes": copied, "tier": "durable"})
+            except Exception as exc:  # noqa: BLE001
+                log.warning("tiering observer failed: %s", exc)
+        return self.status(job, step)[0]
+
+    def sync(self, job: str) -> list[int]:
+        """Copy every hot checkpoint the durable tier lacks (e.g. after a crash). Returns steps."""
+        done = []
+        for step in mf.list_steps(self.hot, job):
+            if not self.durable.exists(mf.manifest_key(job, step)):
+                self.make_durable(job, step)
+                done.append(step)
+        return done
+
+    def wait(self) -> None:
+        """Wait for queued durable copies; raise the first error one hit."""
+        with self._lock:
+            pending = list(self._pending)
+        for f in pending:
+            try:
+                f.result()
+            except BaseException:
+                pass
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    # -- eviction and archiving ------------------------------------------------------------
+    def evict_plan(self, job: str, now: float | None = None) -> list[tuple[int, bool, str]]:
+        """(step, evict?, reason) for every hot checkpoint of ``job``."""
+        now = time.time() if now is None else now
+        steps = mf.list_steps(self.hot, job)
+        manifests = {}
+        for s in steps:
+            try:
+                manifests[s] = mf.load_manifest(self.hot, job, s)
+            except TrainstoreError:
+                continue
+        keep = set(steps[-self.policy.hot_keep_last:])
+        if self.policy.hot_max_age is not None:
+            keep = {s for s in keep if s in manifests and now - manifests[s].created <= self.policy.hot_max_age}
+        for s in list(keep):
+            m = manifests.get(s)
+            if m is not None and m.kind == "incremental":
+                keep.add(m.base_step)  # type: ignore[arg-type]
+        out = []
+        for s in steps:
+            if s in keep:
+                out.append((s, False, "within the hot rule"))
+            elif not self.durable.exists(mf.manifest_key(job, s)):
+                out.append((s, False, "not durable yet"))
+            else:
+                out.append((s, True, f"past the hot rule (last {self.policy.hot_keep_last}"
+                            + (f", max age {self.policy.hot_max_age:.0f}s" if self.policy.hot_max_age else "") + ")"))
+        return out
+
+    def evict(self, job: str, *, dry_run: bool = False, now: float | None = None) -> list[int]:
+        """Remove durable checkpoints past the hot rule from the hot tier; collect hot chunks."""
+        victims = [s for s, ev, _ in self.evict_plan(job, now) if ev]
+        if dry_run or not victims:
+            return victims
+        for s in victims:
+            delete_checkpoint(self.hot, job, s)
+        collect_garbage(self.hot, GcOptions(grace=self.policy.hot_gc_grace))
+        return victims
+
+    def archive(self, job: str, *, dry_run: bool = False, now: float | None = None) -> list[int]:
+        """Move durable full checkpoints older than ``archive_after`` (that no remaining
+        incremental builds on, and not the newest full) to the archive tier."""
+        if self.archive_store is None or self.policy.archive_after is None:
+            raise ConfigError("archiving needs an archive store and TierPolicy(archive_after=...)")
+        now = time.time() if now is None else now
+        ms = [m for m in mf.list_manifests(self.durable, job) if isinstance(m, mf.Manifest)]
+        fulls = [m.step for m in ms if m.kind == "full"]
+        needed = {m.base_step for m in ms if m.kind == "incremental"}
+        victims = [m.step for m in ms if m.kind == "full" and m.step != fulls[-1] and m.step not in needed
+                   and now - m.created > self.policy.archive_after and not self.hot.exists(m.key)]
+        if dry_run:
+            return victims
+        for s in victims:
+            copy_checkpoint(self.durable, self.archive_store, job, s, self.workers)
+            rec = self._record(job, s) or {}
+            self.archive_store.put(_tier_key(job, s), json.dumps({**rec, "archived_at": time.time()}).encode())
+            delete_checkpoint(self.durable, job, s)  # its chunks go at the next durable gc
+        return victims
+
+    # -- status ----------------------------------------------------------------------------
+    def _record(self, job: str, step: int) -> dict | None:
+        for s in (self.durable, self.archive_store):
+            if s is None:
+                continue
+            try:
+                return json.loads(bytes(memoryview(s.get(_tier_key(job, step)))))
+            except (NotFoundError, ValueError):
+                continue
+        return None
+
+    def status(self, job: str, step: int | None = None) -> list[TierStatus]:
+        """Per checkpoint: which tiers hold it and the created -> ready -> durable times."""
+        where = {}
+        for name, s in (("hot", self.hot), ("durable", self.durable), ("archived", self.archive_store)):
+            if s is None:
+                continue
+            for st in mf.list_steps(s, job):
+                where.setdefault(st, set()).add(name)
+        steps = sorted(where) if step is None else [step]
+        out = []
+        for s in steps:
+            tiers = where.get(s, set())
+            if not tiers:
+                raise NotFoundError(f"no checkpoint step {s} of job {job!r} in any tier of {self.store.url}")
+            m = mf.load_manifest(self.store, job, s)
+            rec = self._record(job, s) or {}
+            created = m.created
+            ready = rec.get("restore_ready_at")
+            durable = rec.get("durable_at")
+            out.append(TierStatus(s, m.kind, "hot" in tiers, "durable" in tiers, "archived" in tiers, created,
+                                  None if ready is None else ready - created,
+                                  None if durable is None else durable - created))
+        return out
+
+
+__all__ = ["Tiering", "TierPolicy", "TieredStore", "TierStatus", "copy_checkpoint"]

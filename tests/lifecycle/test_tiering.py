@@ -1,0 +1,93 @@
+"""Tiering on a real S3 protocol server: hot commit, background durable copy, eviction,
+transparent restore from the durable tier, archiving."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from trainstore import CheckpointPolicy, open_store
+from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.writer import WriteOptions
+from trainstore.lifecycle.gc import LEASES
+from trainstore.lifecycle.tiering import Tiering, TierPolicy
+
+SMALL = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2, nice=0)
+
+
+def state(step: int) -> dict:
+    rng = np.random.default_rng(step)
+    return {"w": rng.standard_normal(6000).astype(np.float32), "frozen": np.arange(4096, dtype=np.int32),
+            "step": step}
+
+
+@pytest.mark.timeout(180)
+def test_hot_commit_durable_copy_eviction_and_transparent_restore(tmp_path, s3_url):
+    url, opts = s3_url
+    hot = str(tmp_path / "hot")
+    tiers = Tiering(hot, url, durable_options=opts, policy=TierPolicy(hot_keep_last=2, hot_gc_grace=0))
+    with tiers.manager("run", policy=CheckpointPolicy(full_every=3, incremental_every=1), options=SMALL) as mgr:
+        for step in range(7):
+            mgr.save(step, state(step), blocking=True)
+        tiers.wait()
+        status = {s.step: s for s in tiers.status("run")}
+        assert sorted(status) == list(range(7))
+        assert all(s.durable for s in status.values())
+        hot_steps = [s for s, st in status.items() if st.hot]
+        assert hot_steps == [3, 5, 6]  # the last 2, and 3: the base of incremental 5
+        for st in status.values():
+            assert st.restore_ready_s is not None and 0 <= st.restore_ready_s <= st.durable_s
+        assert mf.list_steps(open_store(hot), "run") == hot_steps
+        assert not list(tiers.durable.list(LEASES)) and not list(tiers.hot.list(LEASES))
+        # evicted checkpoints restore transparently from the durable tier, verified
+        for step in (0, 1, 4):
+            got = mgr.restore(step)
+            assert np.array_equal(got["w"], state(step)["w"]) and got["step"] == step
+        assert all(r.ok for r in mgr.verify(deep=True))
+        # hot holds only the chunks of hot checkpoints (evicted ones were collected)
+        hot_store = open_store(hot)
+        needed = set()
+        for m in mf.list_manifests(hot_store, "run"):
+            needed |= mf.manifest_chunk_keys(m)
+        assert {m.key for m in hot_store.list("chunks/")} == needed
+    tiers.close()
+    # the node is lost: a fresh, empty hot tier restores the newest checkpoint from durable
+    fresh = Tiering(str(tmp_path / "hot2"), url, durable_options=opts)
+    with fresh.manager("run", options=SMALL) as mgr:
+        got = mgr.restore()
+        assert mgr.last_restore.step == 6 and np.array_equal(got["w"], state(6)["w"])
+    fresh.close()
+
+
+@pytest.mark.timeout(120)
+def test_archive_old_full_checkpoints(tmp_path):
+    durable = f"memory://{uuid.uuid4().hex}"
+    archive = f"memory://{uuid.uuid4().hex}"
+    tiers = Tiering(str(tmp_path / "hot"), durable, archive=archive,
+                    policy=TierPolicy(hot_keep_last=1, archive_after=0, hot_gc_grace=0))
+    with tiers.manager("run", policy=CheckpointPolicy(full_every=1, incremental_every=None), options=SMALL) as mgr:
+        for step in range(4):
+            mgr.save(step, state(step), blocking=True)
+        tiers.wait()
+        assert tiers.archive("run", dry_run=True) == [0, 1, 2]
+        assert tiers.archive("run") == [0, 1, 2]
+        st = {s.step: s.tiers for s in tiers.status("run")}
+        assert st == {0: "archived", 1: "archived", 2: "archived", 3: "hot/durable"}
+        assert np.array_equal(mgr.restore(1)["w"], state(1)["w"])  # read from the archive tier
+    tiers.close()
+
+
+def test_sync_copies_what_a_crash_left_only_hot(tmp_path):
+    durable = f"memory://{uuid.uuid4().hex}"
+    hot = str(tmp_path / "hot")
+    from trainstore import CheckpointManager
+
+    with CheckpointManager(hot, "run", options=SMALL) as mgr:  # saved without the tiering hook
+        mgr.save(0, state(0), blocking=True)
+    tiers = Tiering(hot, durable)
+    assert tiers.status("run")[0].tiers == "hot"
+    assert tiers.sync("run") == [0]
+    assert tiers.status("run")[0].tiers == "hot/durable"
+    tiers.close()
