@@ -47,6 +47,9 @@ from .store.base import Buffer
 log = logging.getLogger(__name__)
 
 _TMP = ".tmp."
+# Files this process has verified: path -> (inode, size, mtime_ns). Shared by every HotCache
+# in the process, so a new cache object (a new Dataset, a new epoch) does not re-hash them.
+_VERIFIED: dict[str, tuple[int, int, int]] = {}
 _COPY_BLOCK = 8 << 20
 
 
@@ -185,7 +188,7 @@ class HotCache:
         self._evict_lock_path = os.path.join(self.root, "evict.lock")
         self.stats = CacheStats()
         self._mu = threading.Lock()
-        self._verified: dict[str, tuple[int, int, int]] = {}
+        self._verified = _VERIFIED
         self._pins: set[int] = set()
         self._space_freed = threading.Condition(self._mu)
         #: Called (no arguments) when a fill finds nothing evictable, before it waits: an owner
