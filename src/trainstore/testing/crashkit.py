@@ -91,7 +91,7 @@ def _ingest_child(url: str, dataset: str, wal_dir: str, start: int, store_option
         ing.write([{"id": j, "payload": "p" * rng.randint(0, 64)} for j in range(i, i + n)])
         print(f"ACK {i} {i + n - 1}", flush=True)
         i += n
-        if rng.random() < 0.1:
+        if rng.random() < 0.25:
             print(f"COMMIT {ing.commit().version}", flush=True)
 
 
