@@ -25,6 +25,7 @@ import time
 import uuid
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
@@ -46,6 +47,17 @@ from .items import lookup_value, stage_tensor, stage_value
 from .metadata import index_to_json, metadata_to_json, shard_name
 
 log = logging.getLogger("trainstore.dcp")
+
+
+def stage_state_dict(state_dict: dict[str, Any], holder: Any) -> dict[str, Any]:
+    """Copy ``state_dict`` to host memory; reuse ``holder.state_dict_cache`` when caching."""
+    if not getattr(holder, "cache_staged_state_dict", False):
+        return BlockingAsyncStager.stage(holder, state_dict)
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+    if holder.state_dict_cache is None:
+        holder.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+    return _copy_state_dict(state_dict, holder.state_dict_cache)
 
 
 def _open(store: str | Store, options: dict | None) -> Store:
@@ -84,6 +96,11 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike | int) -> bool:
         return is_valid_checkpoint_id(checkpoint_id)
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``dcp.async_save``'s host copy; with ``cache_staged_state_dict`` the copy is reused
+        across saves and pinned only when CUDA exists (torch's stager always pins)."""
+        return stage_state_dict(state_dict, self)
 
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
         target = parse_checkpoint_id(checkpoint_id)

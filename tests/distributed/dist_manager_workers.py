@@ -1,0 +1,52 @@
+"""CheckpointManager scenarios run inside the 2-rank job of test_dcp_storage (see suite_two)."""
+
+from __future__ import annotations
+
+import torch
+from dist_workers import SMALL, FaultyStore, check_state, full_tensors, make_state
+
+from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
+from trainstore.errors import BackgroundError
+
+
+def manager_save_restore(rank: int, world: int, args: dict) -> dict:
+    calls = []
+    mgr = CheckpointManager(args["root"], "m2", CheckpointPolicy(full_every=10, incremental_every=5), options=SMALL,
+                            hooks=[lambda info, m: calls.append(info.step)])
+    h = mgr.save(10, make_state(world), metrics={"loss": 1.0})  # async: returns after the host copy
+    h.wait()
+    mgr.save(15, make_state(world, bump=1e-3), metrics={"loss": 0.5}, blocking=True)
+    kinds = [(i.step, i.kind, i.base_step) for i in mgr.list()]
+    target = make_state(world, zero=True)
+    res = mgr.restore_into(target)
+    check_state(target, bump=1e-3)
+    full = mgr.restore(step=10)  # no target: full (unsharded) tensors on every rank
+    for k, v in full_tensors().items():
+        if not torch.equal(full["model"][k], v):
+            raise AssertionError(f"full restore of {k} differs")
+    ok = [r.ok for r in mgr.verify(15)]
+    best = mgr.restore_with_info(best="loss").step
+    mgr.close()
+    return {"hooks": calls, "restored": res.step, "kinds": kinds, "verify": ok, "best": best,
+            "blocked_s": h.blocked_s}
+
+
+def manager_failure(rank: int, world: int, args: dict) -> dict:
+    store = FaultyStore(args["root"], rank, fail_rank=1, after=2, mode="raise")
+    mgr = CheckpointManager(store, "m2", CheckpointPolicy(full_every=10, incremental_every=5), options=SMALL)
+    mgr.save(20, make_state(world, seed=3))
+    try:
+        mgr.wait()
+        err = None
+    except BackgroundError as exc:
+        err = str(exc)
+    target = make_state(world, zero=True)
+    res = mgr.restore_into(target)
+    check_state(target, bump=1e-3)
+    mgr.close()
+    return {"error": err, "restored": res.step}
+
+
+def scenarios(root: str) -> list:
+    return [("manager_save_restore", manager_save_restore, {"root": root}),
+            ("manager_failure", manager_failure, {"root": root})]
