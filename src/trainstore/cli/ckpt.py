@@ -118,4 +118,6 @@ def verify(url: str, job: str = typer.Option(..., "--job", "-j"), step: Optional
 
 
 def register(app: typer.Typer) -> None:
+    from . import ckpt_lifecycle  # noqa: F401 - adds restore/retain/gc/tier/register/models/alias/export/stats
+
     app.add_typer(ckpt_app, name="ckpt")

@@ -62,22 +62,34 @@ def _load_tensors(store: Store, job: str, step: int, workers: int) -> tuple[mf.M
     if m.metadata.get("dcp"):
         raise ConfigError(f"step {step} of job {job!r} was saved with torch.distributed.checkpoint; "
                           "restore it with CheckpointManager and export the state instead")
-    state = load_state(ChunkStore(store), m, workers)
-    _skel, leaves = flatten(state)
-    return m, {leaf.name: leaf.obj for leaf in leaves}
+    return m, state_tensors(load_state(ChunkStore(store), m, workers))
 
 
 def export_safetensors(store: Store, job: str, step: int, path: str | os.PathLike[str], *,
                        dtype: str | None = None, only: str | None = None, model_version: str | None = None,
                        workers: int = 4) -> ExportResult:
     """Write the tensors of ``job``@``step`` to ``path`` (safetensors) plus ``path.sha256``."""
+    if dtype not in CASTS:
+        raise ConfigError(f"dtype must be one of bf16, fp16 (or None), got {dtype!r}")
+    m, leaves = _load_tensors(store, job, step, workers)
+    meta = {"trainstore.checkpoint_id": content_hash(memoryview(store.get(m.key))),
+            "trainstore.metrics": json.dumps(m.metrics)[:4096]}
+    if model_version:
+        meta["trainstore.model_version"] = model_version
+    return write_safetensors(leaves, path, job=job, step=step, dtype=dtype, only=only, metadata=meta)
+
+
+def write_safetensors(leaves: dict[str, Any], path: str | os.PathLike[str], *, job: str, step: int,
+                      dtype: str | None = None, only: str | None = None,
+                      metadata: dict[str, str] | None = None) -> ExportResult:
+    """Write named tensors/arrays (``{name: tensor}``, e.g. a restored state's leaves) as a
+    safetensors file with a ``.sha256`` next to it; atomically (temp file + rename)."""
     import torch
     from safetensors.torch import save_file
 
     if dtype not in CASTS:
         raise ConfigError(f"dtype must be one of bf16, fp16 (or None), got {dtype!r}")
     target = getattr(torch, CASTS[dtype]) if CASTS[dtype] else None
-    m, leaves = _load_tensors(store, job, step, workers)
     tensors: dict[str, torch.Tensor] = {}
     for name, obj in leaves.items():
         if only is not None:
@@ -92,12 +104,8 @@ def export_safetensors(store: Store, job: str, step: int, path: str | os.PathLik
         raise ConfigError(f"nothing to export: step {step} of job {job!r} has no tensors"
                           + (f" under {only!r}" if only else ""))
     path = os.fspath(path)
-    meta = {"trainstore.job": job, "trainstore.step": str(step),
-            "trainstore.checkpoint_id": content_hash(memoryview(store.get(m.key))),
-            "trainstore.cast": CASTS[dtype] or "none",
-            "trainstore.metrics": json.dumps(m.metrics)[:4096]}
-    if model_version:
-        meta["trainstore.model_version"] = model_version
+    meta = {"trainstore.job": job, "trainstore.step": str(step), "trainstore.cast": CASTS[dtype] or "none",
+            **(metadata or {})}
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -116,6 +124,12 @@ def export_safetensors(store: Store, job: str, step: int, path: str | os.PathLik
                         job, step)
 
 
+def state_tensors(state: Any) -> dict[str, Any]:
+    """``{manifest name: tensor}`` of a restored state (the names a checkpoint uses)."""
+    _skel, leaves = flatten(state)
+    return {leaf.name: leaf.obj for leaf in leaves}
+
+
 def export_version(registry: Any, ref: str, path: str | os.PathLike[str], **kw: Any) -> ExportResult:
     """Export a registered model version (``"llm@stable"``, ``"llm@3"``)."""
     mv = registry.get(ref)
@@ -126,4 +140,4 @@ def export_version(registry: Any, ref: str, path: str | os.PathLike[str], **kw: 
     return export_safetensors(registry.store, mv.job, mv.step, path, model_version=mv.ref, **kw)
 
 
-__all__ = ["export_safetensors", "export_version", "ExportResult", "CASTS"]
+__all__ = ["export_safetensors", "export_version", "write_safetensors", "state_tensors", "ExportResult", "CASTS"]
