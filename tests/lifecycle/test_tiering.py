@@ -91,3 +91,23 @@ def test_sync_copies_what_a_crash_left_only_hot(tmp_path):
     assert tiers.sync("run") == [0]
     assert tiers.status("run")[0].tiers == "hot/durable"
     tiers.close()
+
+
+def test_durable_lease_held_until_the_durable_copy(tmp_path):
+    """A hot save may reuse chunks that only the durable tier holds; its lease stays in the
+    durable tier (protecting them from a durable gc) until the durable copy committed."""
+    from trainstore import CheckpointManager
+    from trainstore.lifecycle.gc import GcOptions, collect_garbage
+
+    tiers = Tiering(str(tmp_path / "hot"), f"memory://{uuid.uuid4().hex}")
+    with CheckpointManager(tiers.store, "run", options=SMALL) as mgr:  # no copy hook: the copy is "late"
+        mgr.save(0, state(0), blocking=True)
+        keys = mf.manifest_chunk_keys(mgr.manifest(0))
+        for k in keys:  # as if these chunks had been evicted from hot and live only in durable
+            tiers.durable.put(k, tiers.hot.get(k))
+        assert list(tiers.durable.list(LEASES)) and not list(tiers.hot.list(LEASES))
+        assert collect_garbage(tiers.durable, GcOptions(grace=0)).deleted == 0  # leased
+        tiers.make_durable("run", 0)
+        assert not list(tiers.durable.list(LEASES))
+        assert collect_garbage(tiers.durable, GcOptions(grace=0)).deleted == 0  # referenced now
+    tiers.close()
