@@ -6,6 +6,7 @@ acknowledged before the kill. Run as::
 
     python -m trainstore.testing.crashkit ckpt STORE_URL JOB START [--no-torch]
     python -m trainstore.testing.crashkit ingest STORE_URL DATASET WAL_DIR START
+    python -m trainstore.testing.crashkit registry STORE_URL JOB MODEL STEPS
 
 ``--no-torch`` hides torch from the child (numpy-only states) so that each of hundreds of
 trials starts in about a second instead of four; the checkpoint code path is the same.
@@ -95,6 +96,20 @@ def _ingest_child(url: str, dataset: str, wal_dir: str, start: int, store_option
             print(f"COMMIT {ing.commit().version}", flush=True)
 
 
+# Registry ----------------------------------------------------------------------------------
+def _registry_child(url: str, job: str, model: str, steps: int) -> None:
+    from trainstore.lifecycle.registry import Registry
+
+    reg = Registry(url)
+    print("READY", flush=True)
+    i = 0
+    while True:
+        mv = reg.register(job, i % steps, model, aliases=("latest",))
+        reg.promote(model, mv.version)
+        print(f"ACK {mv.version}", flush=True)
+        i += 1
+
+
 def main(argv: list[str]) -> None:
     import json
     import os
@@ -108,6 +123,8 @@ def main(argv: list[str]) -> None:
         _ckpt_child(argv[1], argv[2], int(argv[3]), opts)
     elif kind == "ingest":
         _ingest_child(argv[1], argv[2], argv[3], int(argv[4]), opts)
+    elif kind == "registry":
+        _registry_child(argv[1], argv[2], argv[3], int(argv[4]))
     else:
         raise SystemExit(f"unknown child kind {kind!r}")
 
