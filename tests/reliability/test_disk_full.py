@@ -80,3 +80,70 @@ def test_rlimit_fallback_maps_to_capacity_error(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "CAPACITY" in res.stdout, (res.stdout, res.stderr[-2000:])
     assert res.stdout.strip().endswith("[]"), res.stdout
+
+
+def _ckpt_disk_full(root: str, fill, free) -> dict:
+    """Save, run out of space during the next save, check the error and the store, free
+    space, restore the previous checkpoint and continue training (saving again)."""
+    from trainstore.checkpoint import CheckpointManager
+    from trainstore.checkpoint import manifest as mf
+    from trainstore.errors import TrainstoreError
+    from trainstore.testing.crashkit import ckpt_options, ckpt_state, states_equal
+
+    store = open_store(root)
+    mgr = CheckpointManager(store, "full", options=ckpt_options())
+    mgr.save(0, ckpt_state(0), kind="full", blocking=True)
+    fill()
+    try:
+        mgr.save(1, ckpt_state(1), kind="full", blocking=True)
+        mgr.wait()
+    except TrainstoreError as exc:
+        error = exc
+    else:
+        raise AssertionError("a save onto a full disk succeeded")
+    chain = [error, error.__cause__, error.__context__]
+    assert any(isinstance(e, CapacityError) for e in chain) or "space" in str(error).lower() \
+        or "too large" in str(error).lower(), repr(error)
+    assert mf.list_steps(store, "full") == [0], "a manifest of the failed save is visible"
+    leftovers = [f for f in _files(root) if os.path.basename(f).startswith(TEMP_PREFIX)]
+    assert not leftovers, leftovers
+    free()
+    # Training continues: a fresh manager (or the same one) restores step 0 and saves on.
+    mgr2 = CheckpointManager(store, "full", options=ckpt_options())
+    assert states_equal(mgr2.restore(), ckpt_state(0))
+    mgr2.save(2, ckpt_state(2), kind="full", blocking=True)
+    mgr2.close()
+    assert states_equal(CheckpointManager(store, "full").restore(), ckpt_state(2))
+    try:
+        mgr.close()
+    except TrainstoreError:
+        pass  # the failed save is reported again on close; that is expected
+    return {"error": f"{type(error).__name__}: {str(error)[:160]}"}
+
+
+def test_checkpoint_save_on_full_hot_tier(small_fs, tmp_path):
+    if small_fs is not None:
+        ballast = small_fs / "ballast"
+
+        def fill() -> None:  # leave ~1 MiB: less than one full checkpoint (~2.3 MB)
+            st = os.statvfs(small_fs)
+            with open(ballast, "wb") as f:
+                f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - (1 << 20)))
+
+        figures = _ckpt_disk_full(str(small_fs / "store"), fill, lambda: os.unlink(ballast))
+    else:
+        code = textwrap.dedent(f"""
+            import resource, signal, sys
+            sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            from reliability.test_disk_full import _ckpt_disk_full
+            lim = lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, resource.RLIM_INFINITY))
+            print(_ckpt_disk_full({str(tmp_path / "store")!r}, lambda: lim(64 << 10),
+                                  lambda: lim(resource.RLIM_INFINITY)))
+        """)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+        assert res.returncode == 0, res.stderr[-3000:]
+        figures = {"error": res.stdout.strip()[-200:]}
+    from .conftest import record
+
+    record("ckpt_disk_full", tmpfs=small_fs is not None, **figures)
