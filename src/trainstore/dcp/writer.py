@@ -82,7 +82,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
             raise ConfigError(f"kind must be one of {mf.KINDS}, got {kind!r}")
         self.job = mf.check_job(job)
         self.kind = kind
-        self.options = options or WriteOptions()
+        self.options = options or WriteOptions(nice=0)  # dcp.save waits for it: no reason to yield the CPU
         self._store_options = store_options
         self.store = _open(store, store_options)
         self.step = None if step is None else mf.check_step(step)
@@ -91,6 +91,8 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.rank = 0
         self.last_manifest: Manifest | None = None
         self._decision: dict | None = None
+        self._chunks: ChunkStore | None = None
+        self._started = time.time()
 
     # -- torch protocol -----------------------------------------------------------------------
     @classmethod
@@ -122,6 +124,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = bool(is_coordinator)
+        self._started = time.time()
         rank = kwargs.get("rank")
         if rank is None:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -199,8 +202,10 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         return results
 
     def _chunk_store(self) -> ChunkStore:
-        o = self.options
-        return ChunkStore(self.store, codec=CodecConfig(o.codec, o.level, o.codec_threads))
+        if self._chunks is None or self._chunks.store is not self.store:
+            o = self.options
+            self._chunks = ChunkStore(self.store, codec=CodecConfig(o.codec, o.level, o.codec_threads))
+        return self._chunks
 
     def _lookup(self, chunks: ChunkStore, base: Manifest):  # noqa: ANN202 - see checkpoint.writer.BaseLookup
         if base.chunk_bytes != self.options.chunk_bytes:
@@ -248,7 +253,10 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         m = Manifest(job=self.job, step=self.step, kind=kind, tensors=tensors,  # type: ignore[arg-type]
                      skeleton={"$dict": [[n, {"$tensor": n}] for n in tensors]}, base_step=base_step,
                      chunk_bytes=self.options.chunk_bytes, metadata=meta, **totals)
-        mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
+        from ..lifecycle.gc import commit_lease  # gc-safe: a lease on m's chunks while committing
+
+        with commit_lease(self.store, self._chunk_store(), m, None, self._started):
+            mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
         metadata.storage_data = storage_data
         self.last_manifest = m
         log.info("distributed checkpoint %s step %d (%s) committed: %d ranks, %d shards, %.1f MB logical, "
