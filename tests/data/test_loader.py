@@ -97,8 +97,10 @@ def test_same_seed_same_order_new_epoch_new_order(ds):
     b = Loader(ds, 16, seed=11)
     ea, eb = epoch_indices(a), epoch_indices(b)
     assert all(np.array_equal(x, y) for x, y in zip(ea, eb))
-    ea2 = epoch_indices(a)  # epoch 1
+    ea2 = epoch_indices(a)  # epoch 1 (its first batches were prefetched during epoch 0)
     assert a.epoch == 2 and not np.array_equal(np.concatenate(ea), np.concatenate(ea2))
+    b.set_epoch(1)
+    assert np.array_equal(np.concatenate(epoch_indices(b)), np.concatenate(ea2))
     c = Loader(ds, 16, seed=12)
     assert not np.array_equal(np.concatenate(epoch_indices(c)), np.concatenate(ea))
     plain = Loader(ds, 16, shuffle=False)

@@ -43,6 +43,7 @@ class LoaderConfig:
     workers: int = 2
     drop_last: bool = False
     as_torch: bool = False
+    cross_epoch: bool = True
 
     def __post_init__(self) -> None:
         if self.prefetch < 0 or self.workers <= 0:
@@ -116,6 +117,7 @@ class Loader:
         self.meter = IOWaitMeter(meter, metrics_registry, {"rank": str(self.rank)})
         self.metrics_registry = self.meter.registry
         self._active: _EpochRun | None = None
+        self._ahead: tuple[tuple, _EpochRun] | None = None
         stream_bytes = dataset.version.bytes
         self._evict_done = dataset.cache_limit < stream_bytes
 
@@ -133,12 +135,25 @@ class Loader:
         self.epoch, self._position, self._segments = int(epoch), 0, []
 
     # -- iteration -----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
-        self._stop()
-        stream = self._stream()
+    def _batches(self, stream: np.ndarray) -> list[np.ndarray]:
         B = self.config.batch_size
-        batches = [stream[i:i + B] for i in range(0, len(stream), B)]
-        run = _EpochRun(self, batches, self._position)
+        return [stream[i:i + B] for i in range(0, len(stream), B)]
+
+    def _next_epoch_run(self) -> _EpochRun:
+        """Start assembling the next epoch's first batches (its plan is already fixed), so the
+        epoch boundary does not drain the pipeline."""
+        stream = epoch_streams(self.spec, self.epoch + 1, [], self.world_size)[self.rank]
+        return _EpochRun(self, self._batches(stream), 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        ahead, self._ahead = self._ahead, None
+        self._stop()
+        if ahead is not None and ahead[0] == (self.epoch, self._position, tuple(self._segments)):
+            run = ahead[1]
+        else:
+            if ahead is not None:
+                ahead[1].close()
+            run = _EpochRun(self, self._batches(self._stream()), self._position)
         self._active = run
         try:
             while True:
@@ -149,6 +164,9 @@ class Loader:
                 batch, nbytes = item
                 self._position += 1
                 self.meter.end(t0, nbytes)
+                if (self._ahead is None and run.all_submitted() and self.config.prefetch
+                        and self.config.cross_epoch):
+                    self._ahead = ((self.epoch + 1, 0, ()), self._next_epoch_run())
                 yield batch
             self.meter.pause()
             self.epoch += 1
@@ -162,6 +180,9 @@ class Loader:
         if self._active is not None:
             self._active.close()
             self._active = None
+        if self._ahead is not None:
+            self._ahead[1].close()
+            self._ahead = None
 
     def close(self) -> None:
         self._stop()
@@ -280,6 +301,9 @@ class _EpochRun:
             except Exception:  # noqa: BLE001 - the batch that needs it will raise it
                 return
             in_flight.append(s)
+
+    def all_submitted(self) -> bool:
+        return self.submitted >= len(self.batches)
 
     def _top_up(self) -> None:
         depth = self.loader.config.prefetch + 1
