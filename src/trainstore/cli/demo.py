@@ -1,4 +1,5 @@
-"""``trainstore demo``: a small end-to-end run of what the foundation offers.
+"""``trainstore demo`` (the end-to-end pipeline, ``trainstore.demo``) and ``trainstore report``;
+``trainstore demo --foundation``: a small run of what the foundation offers.
 
 On a store (a local directory by default) it writes weight-like float32 and bf16 tensors as
 content-addressed chunks with every codec, shows compression and dedup, reads everything
@@ -19,12 +20,17 @@ from rich.table import Column, Table
 
 from ..chunks import ChunkRef, ChunkStore, ChunkWriter
 from ..codecs import CODECS, CodecConfig
-from ..errors import ChunkCorruptError
+from ..errors import ChunkCorruptError, ConfigError
 from ..store import Store, open_store
 from .common import console as default_console
 from .common import handle_errors, store_options
 
 DEFAULT_STORE = "./.demo/store"
+# The full pipeline (trainstore.demo.pipeline) uses the same defaults; duplicated here so the
+# CLI imports nothing heavy until a command runs.
+DEFAULT_PIPELINE_STORE = "./.demo/store"
+DEFAULT_WORK = "./.demo/work"
+DEFAULT_REPORT = "./.demo/report.html"
 #: Everything the demo writes lives under this prefix (cleared at the start of each run, so
 #: a rerun shows real writes, and nothing else in a store pointed to with --store is touched).
 DEMO_PREFIX = "demo"
@@ -184,11 +190,48 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     @handle_errors
     def demo(
-        store: str = typer.Option(DEFAULT_STORE, "--store", help="store URL (a path, file://, s3://, ...)"),
+        store: str = typer.Option(DEFAULT_PIPELINE_STORE, "--store",
+                                  help="store URL: a directory (default), file://, s3://bucket/prefix, ..."),
+        endpoint: Optional[str] = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
+        region: Optional[str] = typer.Option(None, "--region", help="S3 region"),
+        allow_http: Optional[bool] = typer.Option(None, "--allow-http/--no-allow-http",
+                                                  help="allow plain http endpoints"),
+        size: str = typer.Option("default", "--size", help="small (tests, ~1 min) | default | large"),
+        small: bool = typer.Option(False, "--small", help="same as --size small"),
+        work_dir: str = typer.Option(DEFAULT_WORK, "--work-dir",
+                                     help="local hot tier, ingest WAL and scratch (emptied at each run)"),
+        report: str = typer.Option(DEFAULT_REPORT, "--report", help="where to write the HTML report"),
+        overwrite: bool = typer.Option(False, "--overwrite",
+                                       help="empty a non-empty store that a previous demo did not fill"),
+        foundation: bool = typer.Option(False, "--foundation",
+                                        help="run only the quick chunk/codec/dedup tour of the foundation"),
+    ) -> None:
+        """End-to-end training pipeline: ingest -> clean -> features -> train with checkpoints ->
+        crash + resume -> corruption + fallback -> registry, retention, tiers, export; summary + HTML report."""
+        opts = store_options(endpoint, region, allow_http)
+        if foundation:
+            run_foundation_demo("./.demo/foundation" if store == DEFAULT_PIPELINE_STORE else store, opts)
+            return
+        if store.startswith("memory://"):
+            raise ConfigError("the demo trains in worker processes, and a memory:// store lives in one process; "
+                              "use a directory or an object store (s3://...)")
+        from ..demo.pipeline import run_demo
+
+        run_demo(store, opts, size="small" if small else size, work_dir=work_dir, report_path=report,
+                 overwrite=overwrite, console=default_console)
+
+    @app.command("report")
+    @handle_errors
+    def report_cmd(
+        store: str = typer.Option(DEFAULT_PIPELINE_STORE, "--store", help="the store a demo run wrote to"),
+        out: str = typer.Option("demo-report.html", "--out", help="HTML file to write"),
         endpoint: Optional[str] = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
         region: Optional[str] = typer.Option(None, "--region", help="S3 region"),
         allow_http: Optional[bool] = typer.Option(None, "--allow-http/--no-allow-http",
                                                   help="allow plain http endpoints"),
     ) -> None:
-        """Run a small end-to-end flow: chunks, codecs, dedup, corruption detection."""
-        run_foundation_demo(store, store_options(endpoint, region, allow_http))
+        """Regenerate the demo's HTML report from the run record saved in a store."""
+        from ..demo.report import report_from_store
+
+        path = report_from_store(open_store(store, **store_options(endpoint, region, allow_http)), out)
+        default_console.print(f"report: {escape(path)}")

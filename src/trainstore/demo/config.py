@@ -65,9 +65,9 @@ class DemoConfig:
             return cls()
         if size == "small":
             return cls(size="small",
-                       data=DataConfig(records=6_000, malformed_rows=8, write_batches=3, ingest_shards=3,
+                       data=DataConfig(records=8_000, malformed_rows=8, write_batches=3, ingest_shards=3,
                                        clean_shards=2, seq_len=48, transform_workers=1),
-                       train=TrainConfig(epochs=2, batch_size=64, hidden=96, full_every=30, incremental_every=6,
+                       train=TrainConfig(epochs=2, batch_size=64, hidden=96, full_every=96, incremental_every=32,
                                          chunk_bytes=64 << 10))
         if size == "large":
             return cls(size="large",
@@ -105,6 +105,11 @@ class DemoPaths:
     @property
     def ckpt_hot(self) -> str:
         return os.path.join(self.hot, "checkpoints")
+
+    @property
+    def archive(self) -> str:
+        """The archive tier: a local directory standing in for cold object storage."""
+        return os.path.join(self.work_dir, "archive")
 
     @property
     def wal(self) -> str:

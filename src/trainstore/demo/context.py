@@ -17,10 +17,11 @@ from .config import DemoConfig, DemoPaths
 
 RUN_KEY = "reports/demo-run.json"
 RUN_FORMAT = "trainstore.demo-run/1"
+HOT_KEEP_LAST = 2  # newest checkpoints kept in the hot tier (plus the bases they need)
 
 
 def make_progress(console: Console) -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description:<28}"), BarColumn(bar_width=32),
+    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description:<26}"), BarColumn(bar_width=20),
                     MofNCompleteColumn(), TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
                     console=console, transient=False)
 
@@ -63,5 +64,15 @@ class RunContext:
     def note(self, task: int, note: str) -> None:
         self.progress.update(task, note=note)
 
+    def tiering(self) -> Any:
+        """The checkpoint tiers: hot (local dir) -> durable (the store) -> archive (local dir).
 
-__all__ = ["RUN_FORMAT", "RUN_KEY", "RunContext", "make_progress"]
+        ``archive_after=0``: the demo compresses time; in production this is e.g. ``"30d"``.
+        """
+        from ..lifecycle.tiering import Tiering, TierPolicy
+
+        return Tiering(self.paths.ckpt_hot, self.store, archive=self.paths.archive,
+                       policy=TierPolicy(hot_keep_last=HOT_KEEP_LAST, archive_after=0, hot_gc_grace="5s"))
+
+
+__all__ = ["HOT_KEEP_LAST", "RUN_FORMAT", "RUN_KEY", "RunContext", "make_progress"]

@@ -18,7 +18,8 @@ import numpy as np
 from ..checkpoint import CheckpointManager
 from ..checkpoint.manifest import list_steps
 from ..errors import TrainstoreError
-from .context import RunContext
+from ..store import open_store
+from .context import HOT_KEEP_LAST, RunContext
 from .train import TrainSpec, WorkerKilled, run_worker
 
 JOB = "demo-train"
@@ -28,7 +29,8 @@ CRASH_JOB = "demo-train-crash"
 def _spec(ctx: RunContext, job: str, train_ref: str, val_ref: str, baseline: bool) -> TrainSpec:
     return TrainSpec(store_url=ctx.store_url, job=job, train_ref=train_ref, val_ref=val_ref,
                      cache_dir=ctx.paths.data_cache, config=ctx.config.train, store_options=ctx.store_options,
-                     baseline_dir=ctx.paths.scratch if baseline else None, seq_len=ctx.config.data.seq_len)
+                     baseline_dir=ctx.paths.scratch if baseline else None, seq_len=ctx.config.data.seq_len,
+                     hot_dir=ctx.paths.ckpt_hot, hot_keep_last=HOT_KEEP_LAST)
 
 
 def _log(ctx: RunContext, name: str) -> str:
@@ -66,11 +68,12 @@ def train_stage(ctx: RunContext, train_ref: str, val_ref: str) -> dict:
 def checkpoint_table(ctx: RunContext, job: str, saves: list[dict]) -> list[dict]:
     """Per committed checkpoint: kind, logical / stored / written bytes, blocking time, metrics."""
     blocked = {s["step"]: s["blocked_s"] for s in saves}
+    waited = {s["step"]: s.get("waited", False) for s in saves}
     mgr = CheckpointManager(ctx.store, job)
     try:
         return [{"step": i.step, "kind": i.kind, "base_step": i.base_step, "logical_bytes": i.logical_bytes,
                  "stored_bytes": i.stored_bytes, "written_bytes": i.written_bytes, "tensors": i.tensors,
-                 "blocked_s": blocked.get(i.step), "metrics": i.metrics, "created": i.created}
+                 "blocked_s": blocked.get(i.step), "waited": waited.get(i.step, False), "metrics": i.metrics, "created": i.created}
                 for i in mgr.list()]
     finally:
         mgr.close()
@@ -111,9 +114,10 @@ def crash_stage(ctx: RunContext, train_ref: str, val_ref: str) -> dict:
             t_kill = time.perf_counter()
         if not killed:
             raise TrainstoreError("the crash run finished before it could be killed; raise the data size")
+        committed = set(list_steps(ctx.store, CRASH_JOB)) | set(list_steps(open_store(ctx.paths.ckpt_hot), CRASH_JOB))
         info.update(pid=plan["pid"], signal="SIGKILL", save_issued_at_step=plan["save_step"],
-                    committed_at_kill=list_steps(ctx.store, CRASH_JOB)[-1:] or [None])
-        info["committed_at_kill"] = info["committed_at_kill"][0]
+                    committed_at_kill=max(committed, default=None),
+                    durable_at_kill=max(list_steps(ctx.store, CRASH_JOB), default=None))
         ctx.note(task, f"killed at step {info['killed_at_step']}, resuming")
 
         def on_resume(e: dict) -> None:
@@ -140,9 +144,11 @@ def _remove_job(ctx: RunContext, job: str) -> int:
     shared by content): once compared they are removed; their chunks stay while referenced."""
     from ..lifecycle.retention import delete_checkpoint
 
+    hot = open_store(ctx.paths.ckpt_hot)
     steps = list_steps(ctx.store, job)
-    for step in steps:
-        delete_checkpoint(ctx.store, job, step)
+    for tier in (hot, ctx.store):
+        for step in list_steps(tier, job):
+            delete_checkpoint(tier, job, step)
     return len(steps)
 
 

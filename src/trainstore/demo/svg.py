@@ -78,6 +78,11 @@ def stacked_bars(plot_id: str, title: str, xs: Sequence[float], series: Sequence
     pw, ph = width - left - right, height - top - bottom
     totals = [sum(s[1][i] for s in series) for i in range(len(xs))]
     ymax = _nice_max(max(totals, default=0.0))
+    ordered = sorted(totals)
+    if len(ordered) >= 20:  # a few spikes must not flatten every other bar: clip at 3x the 95th percentile
+        p95 = ordered[int(0.95 * (len(ordered) - 1))]
+        if 0 < 3 * p95 < ymax:
+            ymax = _nice_max(3 * p95)
     out = _open(plot_id, width, height, title)
     out.append(f'<text x="{left}" y="18" font-weight="600" font-size="14">{escape(title)}</text>')
     out += _legend([s[0] for s in series], PALETTE, left + 360, 18)
@@ -88,13 +93,16 @@ def stacked_bars(plot_id: str, title: str, xs: Sequence[float], series: Sequence
         y0 = top + ph
         for k, (name, values) in enumerate(series):
             v = values[i]
-            if v <= 0:
+            if v <= 0 or y0 <= top:
                 continue
-            h = ph * v / ymax
+            h = min(ph * v / ymax, y0 - top)
             y0 -= h
             out.append(f'<rect class="mark" x="{left + i * bw:.2f}" y="{y0:.2f}" width="{max(bw * 0.9, 0.6):.2f}" '
                        f'height="{h:.2f}" fill="{PALETTE[k]}"><title>{escape(xlabel)} {_fmt(x)}: {escape(name)} '
                        f'{_fmt(v)} {escape(ylabel.split(" ")[-1].strip("()"))}</title></rect>')
+        if totals[i] > ymax:  # clipped: mark it, the tooltip has the value
+            out.append(f'<path class="clip" d="M {left + i * bw:.2f} {top - 2} l {bw * 0.45:.2f} -6 l {bw * 0.45:.2f} 6 z" '
+                       f'fill="#555"><title>{escape(xlabel)} {_fmt(x)}: total {_fmt(totals[i])} (clipped)</title></path>')
     for i in range(0, n, max(1, n // 8)):
         out.append(f'<text x="{left + (i + 0.5) * bw:.1f}" y="{top + ph + 16}" text-anchor="middle" '
                    f'fill="#555">{_fmt(xs[i])}</text>')
@@ -197,8 +205,9 @@ def lineage_graph(plot_id: str, title: str, nodes: Sequence[dict], edges: Sequen
     for i in ids:
         columns.setdefault(layer[i], []).append(i)
     ncol = max(columns) + 1 if columns else 1
+    width = max(width, 40 + 150 * ncol)
     nrow = max((len(v) for v in columns.values()), default=1)
-    box_w = min(170.0, (width - 40) / ncol - 26)
+    box_w = min(170.0, (width - 40) / ncol - 24)
     box_h, vgap, top = 58, 22, 40
     height = top + nrow * (box_h + vgap) + 10
     col_w = (width - 40) / ncol

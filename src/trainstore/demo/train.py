@@ -41,6 +41,8 @@ class TrainSpec:
     config: TrainConfig
     store_options: dict = field(default_factory=dict)
     baseline_dir: str | None = None   # time a plain torch.save of the final state here
+    hot_dir: str | None = None        # checkpoint hot tier (local dir); None: save to the store directly
+    hot_keep_last: int = 2
     seq_len: int = 64
     classes: int = 4
 
@@ -91,6 +93,7 @@ def train(spec: TrainSpec, emit: Callable[[dict], None] = _emit) -> None:
     from ..checkpoint.rng import capture_rng, restore_rng
     from ..checkpoint.writer import WriteOptions
     from ..data import Dataset, Loader
+    from ..lifecycle.tiering import TierPolicy, Tiering
     from ..store import open_store
 
     cfg = spec.config
@@ -110,9 +113,15 @@ def train(spec: TrainSpec, emit: Callable[[dict], None] = _emit) -> None:
 
     model = build_model(cfg, spec.seq_len, spec.classes)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    mgr = CheckpointManager(store, spec.job,
-                            CheckpointPolicy(full_every=cfg.full_every, incremental_every=cfg.incremental_every),
-                            options=WriteOptions(chunk_bytes=cfg.chunk_bytes, workers=2))
+    policy = CheckpointPolicy(full_every=cfg.full_every, incremental_every=cfg.incremental_every)
+    options = WriteOptions(chunk_bytes=cfg.chunk_bytes, workers=2)
+    tiers = None
+    if spec.hot_dir:  # commit to the hot tier; copies to the store (durable tier) run behind
+        tiers = Tiering(spec.hot_dir, store, policy=TierPolicy(hot_keep_last=spec.hot_keep_last, hot_gc_grace="5s"))
+        tiers.sync(spec.job)  # a crashed run may have left hot checkpoints not yet copied
+        mgr = tiers.manager(spec.job, policy=policy, options=options)
+    else:
+        mgr = CheckpointManager(store, spec.job, policy, options=options)
     steps_per_epoch = len(loader)
     total = cfg.epochs * steps_per_epoch
     step = 0
@@ -171,11 +180,12 @@ def train(spec: TrainSpec, emit: Callable[[dict], None] = _emit) -> None:
                 val_loss, val_acc = evaluate()
                 eval_s = time.perf_counter() - t_eval
                 metrics = {"train_loss": statistics.fmean(recent), "val_loss": val_loss, "val_acc": val_acc}
+                waited = mgr.pending() is not None  # this save will first wait for the previous one
                 handle = mgr.save(step, state(), metrics=metrics, config=asdict(cfg), kind=kind,
                                   extra={"dataset": spec.train_ref, "epoch": loader.epoch})
                 blocked = handle.blocked_s
                 last_saved = step
-                emit({"type": "save", "step": step, "kind": kind, "blocked_s": blocked, **metrics})
+                emit({"type": "save", "step": step, "kind": kind, "blocked_s": blocked, "waited": waited, **metrics})
             emit({"type": "step", "step": step, "epoch": loader.epoch, "wait_s": t1 - t0,
                   "compute_s": t2 - t1, "ckpt_s": blocked, "eval_s": eval_s, "loss": loss_v})
     if last_saved != step:  # resumed at the very end: make sure the final state is saved
@@ -184,12 +194,16 @@ def train(spec: TrainSpec, emit: Callable[[dict], None] = _emit) -> None:
                                          "val_loss": val_loss, "val_acc": val_acc}, kind="full")
     t_wait = time.perf_counter()
     mgr.wait()
+    if tiers is not None:
+        tiers.wait()  # every checkpoint copied to the durable tier
     drain_s = time.perf_counter() - t_wait
     if spec.baseline_dir:
         emit({"type": "baseline", **torch_save_baseline(state(), spec.baseline_dir)})
     emit({"type": "done", "step": step, "drain_s": drain_s, "loader": loader.stats()})
     loader.close()
     mgr.close()
+    if tiers is not None:
+        tiers.close()
 
 
 def torch_save_baseline(state: dict, directory: str, repeats: int = 3) -> dict:
