@@ -304,3 +304,23 @@ def test_rejects_non_feature_layout(store, tmp_path):
     commit_version(store, DatasetVersion("raw", 1, "parquet", pa.schema([("a", pa.int64())]), ()))
     with pytest.raises(ConfigError, match="arrow-ipc"):
         Dataset(store, "raw@1", cache_dir=tmp_path / "hot")
+
+
+def test_state_round_trips_through_a_checkpoint(ds, tmp_path):
+    from trainstore import CheckpointManager
+
+    loader = Loader(ds, 8, seed=2, shuffle_mode="block")
+    it = iter(loader)
+    first = [next(it)["idx"].copy() for _ in range(4)]
+    mgr = CheckpointManager(str(tmp_path / "ckpt"), "job")
+    try:
+        mgr.save(4, {"w": np.zeros(3, dtype=np.float32), "loader": loader.state_dict()}, blocking=True)
+        restored = mgr.restore()
+    finally:
+        mgr.close()
+    it.close()
+    again = Loader(ds, 8, seed=2, shuffle_mode="block")
+    again.load_state_dict(restored["loader"])
+    rest = epoch_indices(again)
+    full = epoch_indices(Loader(ds, 8, seed=2, shuffle_mode="block"))
+    assert np.array_equal(np.concatenate(first + rest), np.concatenate(full))
