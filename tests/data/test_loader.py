@@ -324,3 +324,47 @@ def test_state_round_trips_through_a_checkpoint(ds, tmp_path):
     rest = epoch_indices(again)
     full = epoch_indices(Loader(ds, 8, seed=2, shuffle_mode="block"))
     assert np.array_equal(np.concatenate(first + rest), np.concatenate(full))
+
+
+def test_nested_lists_tensor_type_and_multibatch_shards(store, tmp_path):
+    """The transform's shard contract: nested fixed_size_list or FixedShapeTensor columns,
+    several record batches per shard; all read zero-copy."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from trainstore.chunks import content_hash
+    from trainstore.data.versions import DatasetVersion, ShardInfo, commit_version
+
+    n, shards = 60, []
+    img = np.arange(n * 3 * 4, dtype=np.float32).reshape(n, 3, 4)
+    nested_t = pa.list_(pa.list_(pa.float32(), 4), 3)
+    tensor_t = pa.fixed_shape_tensor(pa.int16(), (2, 2))
+    schema = pa.schema([("idx", pa.int64()), ("img", nested_t), ("t", tensor_t)])
+    for s, start in enumerate(range(0, n, 30)):
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, schema) as w:
+            for b in range(start, start + 30, 7):  # 5 record batches, the last one short
+                rows = range(b, min(b + 7, start + 30))
+                inner = pa.FixedSizeListArray.from_arrays(pa.array(img[list(rows)].reshape(-1)), 4)
+                nested = pa.FixedSizeListArray.from_arrays(inner, 3)
+                t = pa.ExtensionArray.from_storage(tensor_t, pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.repeat(np.array(rows, dtype=np.int16), 4)), 4))
+                w.write_batch(pa.record_batch([pa.array(list(rows), pa.int64()), nested, t], schema=schema))
+        buf = sink.getvalue()
+        key = f"datasets/nested/shards/{s}.arrow"
+        store.put(key, buf)
+        shards.append(ShardInfo(key, 30, buf.size, content_hash(buf)))
+    commit_version(store, DatasetVersion("nested", 1, "arrow-ipc", schema, tuple(shards)))
+    ds = Dataset(store, "nested@1", cache_dir=tmp_path / "hot")
+    row = ds[44]
+    assert row["idx"] == 44 and np.array_equal(row["img"], img[44]) and row["t"].tolist() == [[44, 44]] * 2
+    assert not row["img"].flags.writeable
+    batch = ds.take([59, 0, 13, 14, 35])
+    assert np.array_equal(batch["img"], img[[59, 0, 13, 14, 35]])
+    assert batch["t"].shape == (5, 2, 2) and batch["t"].dtype == np.int16
+    got = np.concatenate(epoch_indices_any(Loader(ds, 8, seed=1, shuffle_mode="block")))
+    assert sorted(got.tolist()) == list(range(n))
+
+
+def epoch_indices_any(loader):
+    return [b["idx"].copy() for b in loader]

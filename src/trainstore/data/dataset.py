@@ -44,12 +44,14 @@ def _to_arrow_column(arr: np.ndarray) -> tuple[pa.Array, dict]:
     arr = np.ascontiguousarray(arr)
     shape = list(arr.shape[1:])
     if arr.dtype == object or arr.dtype.kind in "US":
-        return pa.array(arr.tolist()), {"dtype": "string", "shape": []}
+        col = pa.array(arr.tolist())
+        return col, {"arrow": str(col.type), "dtype": None, "shape": None}
     if not shape:
-        return pa.array(arr), {"dtype": arr.dtype.str, "shape": []}
+        col = pa.array(arr)
+        return col, {"arrow": str(col.type), "dtype": arr.dtype.name, "shape": []}
     width = int(np.prod(shape))
-    values = pa.array(arr.reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(values, width), {"dtype": arr.dtype.str, "shape": shape}
+    col = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), width)
+    return col, {"arrow": str(col.type), "dtype": arr.dtype.name, "shape": shape}
 
 
 def table_from_numpy(columns: dict[str, np.ndarray]) -> tuple[pa.Table, dict]:
@@ -129,18 +131,42 @@ class DatasetConfig:
 
 
 class _OpenShard:
-    """A pinned, memory-mapped shard and its zero-copy column views."""
+    """A pinned, memory-mapped shard: per record batch, zero-copy column views."""
 
     def __init__(self, handle: Any, path: str, info: ShardInfo, ds: Dataset) -> None:
         self.handle = handle
         self.info = info
         self.users = 0
-        source = pa.memory_map(path, "r")
-        reader = ipc.open_file(source)
-        table = reader.read_all()
-        if table.num_rows != info.rows:
-            raise SchemaError(f"shard {info.key} has {table.num_rows} rows, manifest says {info.rows}")
-        self.columns = {name: ds._column_view(table, name, info.key) for name in ds.column_names}
+        reader = ipc.open_file(pa.memory_map(path, "r"))
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        rows = sum(b.num_rows for b in batches)
+        if rows != info.rows:
+            raise SchemaError(f"shard {info.key} has {rows} rows, manifest says {info.rows}")
+        batches = [b for b in batches if b.num_rows] or batches[:1]
+        #: first row of each record batch (the same for every column)
+        self.starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]]).astype(np.int64)
+        self.chunks = {
+            name: [ds._column_view(b.column(name), name, info.key) for b in batches]
+            for name in ds.column_names
+        }
+
+    def row(self, local: int) -> dict[str, np.ndarray]:
+        c = int(np.searchsorted(self.starts, local, side="right") - 1)
+        i = local - int(self.starts[c])
+        return {name: chunks[c][i] for name, chunks in self.chunks.items()}
+
+    def gather(self, local: np.ndarray, out: dict[str, np.ndarray], positions: np.ndarray) -> None:
+        """``out[name][positions] = rows local`` for every column."""
+        if len(self.starts) == 1:
+            for name, chunks in self.chunks.items():
+                out[name][positions] = chunks[0][local]
+            return
+        cid = np.searchsorted(self.starts, local, side="right") - 1
+        for c in np.unique(cid):
+            sel = cid == c
+            rows = local[sel] - self.starts[c]
+            for name, chunks in self.chunks.items():
+                out[name][positions[sel]] = chunks[c][rows]
 
     def close(self) -> None:
         if self.handle is not None:
@@ -244,38 +270,44 @@ class Dataset:
 
     # -- schema ---------------------------------------------------------------------------------
     def _spec(self, name: str) -> tuple[np.dtype | None, tuple[int, ...]]:
+        """(numpy dtype, per-row shape) of a column; dtype None = not a tensor (object array)."""
         field = self.version.schema.field(name)
-        desc = self.version.extra.get("columns", {}).get(name, {})
-        t = field.type
-        if pa.types.is_fixed_size_list(t):
-            if not (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
-                    or pa.types.is_boolean(t.value_type)):
-                raise SchemaError(f"column {name!r}: fixed_size_list of {t.value_type} is not a tensor")
-            shape = desc.get("shape")
-            if shape is None and field.metadata and b"shape" in field.metadata:
-                shape = json.loads(field.metadata[b"shape"])
-            shape = tuple(int(x) for x in (shape or [t.list_size]))
-            if int(np.prod(shape)) != t.list_size:
-                raise SchemaError(f"column {name!r}: shape {shape} does not match list size {t.list_size}")
-            return np.dtype(t.value_type.to_pandas_dtype()), shape
-        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            return np.dtype(t.to_pandas_dtype()), ()
-        return None, ()  # strings etc.: object arrays
+        desc = self.version.extra.get("columns", {}).get(name) or {}
+        t, shape = field.type, []
+        if isinstance(t, pa.FixedShapeTensorType):
+            shape, t = list(t.shape), t.value_type
+        while pa.types.is_fixed_size_list(t):
+            shape.append(t.list_size)
+            t = t.value_type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            if shape:
+                raise SchemaError(f"column {name!r}: fixed-size list of {t} is not a tensor")
+            return None, ()
+        width = int(np.prod(shape)) if shape else 1
+        declared = desc.get("shape")
+        if declared is None and field.metadata and b"shape" in field.metadata:
+            declared = json.loads(field.metadata[b"shape"])
+        if declared is not None and shape:
+            declared = [int(x) for x in declared]
+            if int(np.prod(declared)) != width:
+                raise SchemaError(f"column {name!r}: shape {declared} does not match list size {width}")
+            shape = declared  # a flat list may carry a multi-dimensional shape
+        return np.dtype(t.to_pandas_dtype()), tuple(shape)
 
-    def _column_view(self, table: pa.Table, name: str, key: str) -> np.ndarray:
-        col = table.column(name)
-        arr = col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
+    def _column_view(self, arr: pa.Array, name: str, key: str) -> np.ndarray:
+        """Zero-copy numpy view of one record batch's column (booleans: one unpacking copy)."""
         dtype, shape = self._specs[name]
-        if arr.null_count:
-            if dtype is not None:
-                raise SchemaError(f"shard {key}: column {name!r} has nulls; tensor columns may not")
+        if arr.null_count and dtype is not None:
+            raise SchemaError(f"shard {key}: column {name!r} has nulls; tensor columns may not")
         if dtype is None:
             return np.asarray(arr.to_pylist(), dtype=object)
-        if pa.types.is_fixed_size_list(arr.type):
-            values = arr.flatten()
-            flat = values.to_numpy(zero_copy_only=not pa.types.is_boolean(values.type))
-            return flat.reshape((len(arr), *shape))
-        return arr.to_numpy(zero_copy_only=not pa.types.is_boolean(arr.type))
+        n = len(arr)
+        if isinstance(arr, pa.ExtensionArray):
+            arr = arr.storage
+        while pa.types.is_fixed_size_list(arr.type):
+            arr = arr.flatten()  # accounts for slice offsets, no copy
+        flat = arr.to_numpy(zero_copy_only=not pa.types.is_boolean(arr.type))
+        return flat.reshape((n, *shape))
 
     # -- shards ---------------------------------------------------------------------------------
     def shard_of(self, index: int) -> int:
@@ -383,8 +415,7 @@ class Dataset:
         s = self.shard_of(i)
         op = self.acquire(s)
         try:
-            local = i - int(self.offsets[s])
-            return {n: op.columns[n][local] for n in self.column_names}
+            return op.row(i - int(self.offsets[s]))
         finally:
             self.release(op)
 
@@ -407,8 +438,7 @@ class Dataset:
             local = idx[group] - self.offsets[s]
             op = self.acquire(s)
             try:
-                for name in self.column_names:
-                    out[name][group] = op.columns[name][local]
+                op.gather(local, out, group)
             finally:
                 self.release(op)
         return out
