@@ -9,6 +9,7 @@ This module only adapts it to the ``Store`` interface and maps its errors into t
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -186,6 +187,10 @@ def build_other(url: str, retry: RetryOptions, options: dict) -> object:
         raise ConfigError(f"cannot open {url}: {exc}") from None
 
 
+#: An HTTP 403 in an error message - not any "403" (ports and durations contain it too).
+_FORBIDDEN = re.compile(r"\b403 Forbidden\b|status(?: code)?:? 403\b", re.IGNORECASE)
+
+
 def _is_missing_bucket(exc: BaseException) -> bool:
     text = str(exc)
     return "NoSuchBucket" in text or "bucket does not exist" in text.lower()
@@ -222,7 +227,8 @@ class ObjectStore(Store):
         text = str(exc)
         if _is_missing_bucket(exc):
             return NotFoundError(f"bucket of {self.url} does not exist ({action} {where})")
-        if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")):
+        if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied")) \
+                or _FORBIDDEN.search(text):
             return CredentialsError(f"{action} {where} was refused: {msg}")
         if isinstance(exc, oe.GenericError) or "error sending request" in text or "timed out" in text:
             return StoreUnavailableError(f"{action} {where} failed after retries: {msg}")
