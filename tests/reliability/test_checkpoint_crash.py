@@ -121,7 +121,7 @@ def test_sigkill_during_saves_s3(s3_url):
 @pytest.mark.timeout(1500)
 def test_sigkill_during_saves_s3_stress(s3_url):
     url, opts = s3_url
-    figures = _crash_trials(url, trials=40, seed=4, store_options=opts)
+    figures = _crash_trials(url, trials=20, seed=4, store_options=opts)
     record("ckpt_sigkill_s3_stress", **figures)
 
 

@@ -113,7 +113,7 @@ def test_ingest_sigkill_s3(s3_url, tmp_path):
 @pytest.mark.stress
 @pytest.mark.timeout(1500)
 def test_ingest_sigkill_local_stress(tmp_path):
-    figures = _ingest_trials(str(tmp_path / "store"), str(tmp_path / "wal"), trials=100, seed=2)
+    figures = _ingest_trials(str(tmp_path / "store"), str(tmp_path / "wal"), trials=50, seed=2)
     record("ingest_sigkill_local_stress", **figures)
 
 

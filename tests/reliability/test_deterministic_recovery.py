@@ -93,5 +93,11 @@ def test_killed_training_resumes_bit_exact(tmp_path):
 @pytest.mark.stress
 @pytest.mark.timeout(1800)
 def test_killed_training_resumes_bit_exact_stress(tmp_path):
-    figures = _recovery_trials(tmp_path, kills=50, seed=2, cfg=JobConfig(steps=220, optimizer="torch-adam"))
-    record("deterministic_recovery_stress", **figures)
+    """50 kills in all: 40 with the plain Adam, 10 with torch.optim.Adam (whose first use
+    imports torch._dynamo, ~10 s per restarted process here)."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "torch").mkdir()
+    plain = _recovery_trials(tmp_path / "plain", kills=40, seed=2, cfg=JobConfig(steps=200, optimizer="plain-adam"))
+    record("deterministic_recovery_stress_plain_adam", **plain)
+    torch_adam = _recovery_trials(tmp_path / "torch", kills=10, seed=3, cfg=JobConfig(steps=60, optimizer="torch-adam"))
+    record("deterministic_recovery_stress_torch_adam", **torch_adam)

@@ -113,10 +113,10 @@ def test_gc_retention_aliases_racing_saves(tmp_path):
 @pytest.mark.stress
 @pytest.mark.timeout(1500)
 def test_gc_retention_aliases_racing_saves_stress(tmp_path, s3_url):
-    figures = _race(str(tmp_path / "store"), saves=150, seed=2)
+    figures = _race(str(tmp_path / "store"), saves=60, seed=2)
     record("lifecycle_race_local_stress", **figures)
     url, opts = s3_url
-    figures = _race(url, saves=40, seed=3, store_options=opts)
+    figures = _race(url, saves=20, seed=3, store_options=opts)
     record("lifecycle_race_s3_stress", **figures)
 
 
@@ -167,5 +167,5 @@ def test_registry_update_crash(tmp_path):
 @pytest.mark.stress
 @pytest.mark.timeout(1500)
 def test_registry_update_crash_stress(tmp_path):
-    figures = _registry_trials(tmp_path, trials=60, seed=2)
+    figures = _registry_trials(tmp_path, trials=30, seed=2)
     record("registry_crash_stress", **figures)

@@ -93,7 +93,7 @@ def test_store_ops_survive_faults(fault_proxy, flaky_s3):
 @pytest.mark.stress
 @pytest.mark.timeout(900)
 def test_store_ops_survive_faults_stress(fault_proxy, flaky_s3):
-    figures = _run_flaky(fault_proxy, flaky_s3, n_ops=2000, seed=11)
+    figures = _run_flaky(fault_proxy, flaky_s3, n_ops=1000, seed=11)
     assert {"500", "503", "reset", "stall", "truncate"} <= {k.split("-")[0] for k in figures["faults"]}
     record("store_faults_stress", **figures)
 
@@ -150,8 +150,8 @@ def test_permanent_outage_is_clear_and_bounded(fault_proxy, flaky_s3, mode):
     """Every operation fails with StoreUnavailableError within a bound derived from the
     retry settings; a put_if_absent that failed left nothing committed."""
     url, opts = flaky_s3
-    retry = RetryOptions(max_retries=3, retry_timeout_s=8.0, init_backoff_s=0.05,
-                         max_backoff_s=0.5, timeout_s=0.5, connect_timeout_s=0.5)
+    retry = RetryOptions(max_retries=2, retry_timeout_s=3.0, init_backoff_s=0.05,
+                         max_backoff_s=0.3, timeout_s=0.4, connect_timeout_s=0.4)
     store = open_store(url, **{**opts, "retry": retry})
     store.put("exists", b"data")
     fault_proxy.outage = mode
