@@ -8,6 +8,6 @@ commits one manifest (JSON, no pickle) after every rank succeeded. See docs/dist
 
 from .coordination import CheckpointTarget, describe_failure, parse_checkpoint_id
 from .reader import StorageReader
-from .writer import StorageWriter
+from .writer import BaseCache, StorageWriter
 
-__all__ = ["StorageWriter", "StorageReader", "CheckpointTarget", "parse_checkpoint_id", "describe_failure"]
+__all__ = ["StorageWriter", "StorageReader", "BaseCache", "CheckpointTarget", "parse_checkpoint_id", "describe_failure"]

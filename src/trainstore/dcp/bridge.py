@@ -27,7 +27,7 @@ from ..checkpoint import manifest as mf
 from ..errors import AlreadyExistsError, ConfigError, DistributedError, StoreUnavailableError, TrainstoreError
 from .coordination import describe_failure
 from .reader import StorageReader
-from .writer import StorageWriter, stage_state_dict
+from .writer import BaseCache, StorageWriter, stage_state_dict
 
 if TYPE_CHECKING:
     from ..checkpoint.manager import CheckpointManager, SaveHandle
@@ -82,7 +82,13 @@ def save_distributed(mgr: CheckpointManager, step: int, kind: str, state: Any, m
         stager = mgr._dcp_stager = _Stager()  # type: ignore[attr-defined]
     staged = stage_state_dict(state, stager)
     blocked = time.perf_counter() - t0
-    writer = StorageWriter(mgr.store, mgr.job, step, kind=kind, options=mgr.options, metadata=metadata)
+    cache = None
+    if mgr.policy.keep_base_in_memory and mgr.policy.incremental_every:
+        cache = getattr(mgr, "_dcp_base", None)
+        if cache is None:
+            cache = mgr._dcp_base = BaseCache()  # type: ignore[attr-defined]
+    writer = StorageWriter(mgr.store, mgr.job, step, kind=kind, options=mgr.options, metadata=metadata,
+                           base_cache=cache)
     fut = mgr._executor.submit(_write, mgr, writer, staged, step, g)
     with mgr._lock:
         mgr._inflight = (step, fut)

@@ -25,6 +25,7 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -60,6 +61,33 @@ def stage_state_dict(state_dict: dict[str, Any], holder: Any) -> dict[str, Any]:
     return _copy_state_dict(state_dict, holder.state_dict_cache)
 
 
+class BaseCache:
+    """This rank's copy of its shards of the last full checkpoint, so incrementals XOR against
+    memory instead of reading (and decoding) the base's chunks from the store. Costs one copy
+    of the rank's state; buffers are reused when the layout does not change. Pass the same
+    instance to the writers of consecutive saves."""
+
+    def __init__(self) -> None:
+        self.job: str | None = None
+        self.step: int | None = None
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def keep(self, job: str, step: int | None, staged: list) -> None:
+        bufs = {}
+        for st in staged:
+            buf = self._bufs.get(st.name)
+            if buf is None or buf.nbytes != st.data.nbytes:
+                buf = np.empty(st.data.nbytes, dtype=np.uint8)
+            np.copyto(buf, np.frombuffer(st.data, dtype=np.uint8))
+            bufs[st.name] = buf
+        self.job, self.step, self._bufs = job, step, bufs
+
+    def views(self, job: str, step: int) -> dict[str, memoryview]:
+        if job != self.job or step != self.step:
+            return {}
+        return {n: memoryview(b) for n, b in self._bufs.items()}
+
+
 def _open(store: str | Store, options: dict | None) -> Store:
     return open_store(store, **(options or {})) if isinstance(store, str) else store
 
@@ -75,7 +103,8 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
 
     def __init__(self, store: str | Store, job: str, step: int | None = None, *, kind: str = "full",
                  options: WriteOptions | None = None, store_options: dict | None = None,
-                 metadata: dict | None = None, cache_staged_state_dict: bool = False) -> None:
+                 metadata: dict | None = None, cache_staged_state_dict: bool = False,
+                 base_cache: BaseCache | None = None) -> None:
         _TorchStorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         if kind not in mf.KINDS:
@@ -87,6 +116,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.store = _open(store, store_options)
         self.step = None if step is None else mf.check_step(step)
         self.metadata = dict(metadata or {})
+        self.base_cache = base_cache
         self.is_coordinator = False
         self.rank = 0
         self.last_manifest: Manifest | None = None
@@ -190,6 +220,8 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                 pending.append((item, {"tensor": name, "names": [name], "size": st.data.nbytes}))
         lookup = self._lookup(chunks, base) if base is not None else None
         entries, stats = write_tensors(chunks, staged, self.options, lookup)
+        if self.base_cache is not None and decision.get("kind") == "full":
+            self.base_cache.keep(self.job, decision.get("step"), staged)
         results = []
         for i, (item, info) in enumerate(pending):
             names = info.pop("names")
@@ -211,11 +243,17 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         if base.chunk_bytes != self.options.chunk_bytes:
             return None
 
+        cached = self.base_cache.views(self.job, base.step) if self.base_cache is not None else {}
+        cb = base.chunk_bytes
+
         def lookup(name: str, dtype: str, idx: int, size: int):  # noqa: ANN202
             t = base.tensors.get(name)
             if t is None or t.dtype != dtype or idx >= len(t.chunks) or t.chunks[idx].size != size:
                 return None
             entry: ChunkEntry = t.chunks[idx]
+            view = cached.get(name)
+            if view is not None and view.nbytes == t.nbytes:
+                return entry, lambda: view[idx * cb: idx * cb + size]
             return entry, lambda: memoryview(chunks.get(entry.ref))
 
         return lookup
@@ -264,4 +302,4 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                  m.written_bytes / 1e6)
 
 
-__all__ = ["StorageWriter"]
+__all__ = ["StorageWriter", "BaseCache"]
