@@ -124,7 +124,7 @@ def render_html(run: dict) -> str:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>trainstore demo report</title>", f"<style>{_CSS}</style></head><body><main>",
+        '<link rel="icon" href="data:,">', "<title>trainstore demo report</title>", f"<style>{_CSS}</style></head><body><main>",
         "<h1>trainstore: end-to-end training pipeline</h1>",
         f'<div class="sub">store <code>{escape(run.get("store", "?"))}</code> · size '
         f'<code>{escape(run.get("config", {}).get("size", "?"))}</code> · finished {escape(when)} · {verdict} · '

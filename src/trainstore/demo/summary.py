@@ -115,8 +115,8 @@ def summary_rows(s: dict) -> list[tuple[str, str, str]]:
             ratio = t["torch_save_s"] / mine if mine else 0.0
             rows.append(("checkpoints", "plain torch.save of the same state",
                          f"{_s(t['torch_save_s'])} to a local file (not durable, not verified): "
-                         + (f"{ratio:.1f}x the trainstore blocking time" if ratio >= 1 else
-                            f"{1 / ratio:.1f}x less than the trainstore blocking time" if ratio else "")))
+                         + (f"the trainstore save blocks training {ratio:.1f}x shorter" if ratio >= 1 else
+                            f"the trainstore save blocked {1 / ratio:.1f}x longer here" if ratio else "")))
         rows.append(("checkpoints", "bytes logical -> stored",
                      f"{human_bytes(t['logical_bytes'])} -> {human_bytes(t['stored_bytes'])} "
                      f"({t['saved_fraction']:.0%} saved: {human_bytes(t['saved_by_compression'])} by compression, "

@@ -74,7 +74,7 @@ def _y_axis(left: float, top: float, plot_h: float, plot_w: float, ymax: float, 
 def stacked_bars(plot_id: str, title: str, xs: Sequence[float], series: Sequence[tuple[str, Sequence[float]]],
                  ylabel: str, xlabel: str, width: int = 900, height: int = 320) -> str:
     """One stacked bar per x (e.g. per training step): series stacked bottom-up."""
-    left, right, top, bottom = 64, 16, 40, 44
+    left, right, top, bottom = 64, 16, 52, 44
     pw, ph = width - left - right, height - top - bottom
     totals = [sum(s[1][i] for s in series) for i in range(len(xs))]
     ymax = _nice_max(max(totals, default=0.0))
@@ -85,7 +85,7 @@ def stacked_bars(plot_id: str, title: str, xs: Sequence[float], series: Sequence
             ymax = _nice_max(3 * p95)
     out = _open(plot_id, width, height, title)
     out.append(f'<text x="{left}" y="18" font-weight="600" font-size="14">{escape(title)}</text>')
-    out += _legend([s[0] for s in series], PALETTE, left + 360, 18)
+    out += _legend([s[0] for s in series], PALETTE, left, 38)
     out += _y_axis(left, top, ph, pw, ymax, ylabel)
     n = max(len(xs), 1)
     bw = pw / n
@@ -115,12 +115,12 @@ def grouped_bars(plot_id: str, title: str, categories: Sequence[str], series: Se
                  ylabel: str, scale: float = 1.0, sublabels: Sequence[str] = (), width: int = 900,
                  height: int = 320) -> str:
     """Side-by-side bars per category (e.g. logical vs stored bytes per checkpoint)."""
-    left, right, top, bottom = 64, 16, 40, 56
+    left, right, top, bottom = 64, 16, 52, 56
     pw, ph = width - left - right, height - top - bottom
     ymax = _nice_max(max((v for _, vs in series for v in vs), default=0.0) / scale)
     out = _open(plot_id, width, height, title)
     out.append(f'<text x="{left}" y="18" font-weight="600" font-size="14">{escape(title)}</text>')
-    out += _legend([s[0] for s in series], PALETTE, left + 420, 18)
+    out += _legend([s[0] for s in series], PALETTE, left, 38)
     out += _y_axis(left, top, ph, pw, ymax, ylabel)
     n = max(len(categories), 1)
     gw = pw / n
@@ -151,7 +151,7 @@ def tier_bars(plot_id: str, title: str, tiers: Sequence[tuple[str, Sequence[tupl
     """One horizontal bar per tier, split by category; bytes on a shared axis."""
     cats = list(dict.fromkeys(c for _, parts in tiers for c, _ in parts))
     color = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(cats)}
-    left, right, top = 150, 24, 40
+    left, right, top = 150, 100, 40
     row_h, gap = 34, 14
     legend_rows = -(-len(cats) // 4)
     height = top + len(tiers) * (row_h + gap) + 30 + 20 * legend_rows
@@ -172,7 +172,7 @@ def tier_bars(plot_id: str, title: str, tiers: Sequence[tuple[str, Sequence[tupl
             out.append(f'<rect class="mark" x="{x:.2f}" y="{y}" width="{max(w, 0.8):.2f}" height="{row_h}" '
                        f'fill="{color[cat]}"><title>{escape(tier)}: {escape(cat)} {human_bytes(b)}</title></rect>')
             x += w
-        out.append(f'<text x="{min(x + 6, width - 90):.1f}" y="{y + row_h / 2 + 4:.1f}" fill="#333">'
+        out.append(f'<text x="{x + 6:.1f}" y="{y + row_h / 2 + 4:.1f}" fill="#333">'
                    f'{human_bytes(total)}</text>')
     ly = top + len(tiers) * (row_h + gap) + 8
     for i, cat in enumerate(cats):

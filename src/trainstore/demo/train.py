@@ -1,6 +1,6 @@
 """The demo's training run: a small PyTorch text classifier fed by the ``Loader``.
 
-Runs as a worker process (``python -m trainstore.demo.train SPEC_JSON``) so that the crash
+Runs as a worker process (``python -m trainstore.demo.train < SPEC_JSON``) so that the crash
 stage can really SIGKILL it; it prints one JSON event per line on stdout (``start``,
 ``resume``, ``step``, ``save``, ``baseline``, ``done``), which ``run_worker`` turns into
 callbacks and progress bars in the parent.
@@ -237,11 +237,14 @@ def run_worker(spec: TrainSpec, on_event: Callable[[dict], None],
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     err = open(log_path, "w+b") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "trainstore.demo.train", spec.to_json()],
+    # the spec (which may hold store credentials) goes through stdin, never the command line
+    proc = subprocess.Popen([sys.executable, "-m", "trainstore.demo.train"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=err, env=env, text=True, bufsize=1)
     done: dict | None = None
     try:
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(spec.to_json())
+        proc.stdin.close()
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue
@@ -270,10 +273,10 @@ def run_worker(spec: TrainSpec, on_event: Callable[[dict], None],
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m trainstore.demo.train SPEC_JSON")
+    if argv:
+        raise SystemExit("usage: python -m trainstore.demo.train < SPEC_JSON")
     try:
-        train(TrainSpec.from_json(argv[0]))
+        train(TrainSpec.from_json(sys.stdin.read()))
     except (ConfigError, TrainstoreError) as exc:
         sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
         raise SystemExit(2) from None
