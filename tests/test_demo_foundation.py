@@ -1,4 +1,4 @@
-"""The foundation demo (``trainstore demo`` until the full pipeline demo replaces it)."""
+"""The foundation demo (``trainstore demo --foundation``; ``trainstore demo`` is the full pipeline)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_foundation_demo_figures(tmp_path):
 def test_demo_command_on_memory_store():
     from trainstore.cli.main import app
 
-    result = CliRunner().invoke(app, ["demo", "--store", f"memory://{uuid.uuid4().hex}"],
+    result = CliRunner().invoke(app, ["demo", "--foundation", "--store", f"memory://{uuid.uuid4().hex}"],
                                 env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "corruption detected" in result.stdout
