@@ -79,6 +79,15 @@ class StoreSuite:
         assert as_bytes(store.get("view")) == b"xyz"
         assert as_bytes(store.get("ba")) == b"\x00\x01"
 
+    def test_put_does_not_keep_the_callers_buffer(self, store: Store) -> None:
+        # callers reuse buffers (checkpoint staging arenas): a later change must not leak in
+        buf = bytearray(b"a" * 64)
+        store.put("buf/one", buf)
+        store.put_if_absent("buf/two", buf)
+        buf[:] = b"b" * 64
+        assert bytes(store.get("buf/one")) == b"a" * 64
+        assert bytes(store.get("buf/two")) == b"a" * 64
+
     def test_empty_object(self, store: Store) -> None:
         store.put("empty", b"")
         assert as_bytes(store.get("empty")) == b""

@@ -94,10 +94,6 @@ class PieceEncoder:
         return memoryview(enc).nbytes / sample.nbytes
 
     def _put(self, data: memoryview, codec: str, itemsize: int, h: str) -> tuple[ChunkRef, int]:
-        if codec == "raw" and not self._local:
-            # some object-store clients keep a reference to the caller's buffer (obstore's
-            # memory store does); the staging arena is reused, so hand them a private copy
-            data = memoryview(bytes(data))
         res = self.chunks.put(data, codec, itemsize, digest=h)  # dedup, encode, atomic durable put
         return res.ref, (res.ref.stored if res.written else 0)
 

@@ -208,6 +208,9 @@ class ObjectStore(Store):
         # outcome is unknown passes through put_if_absent's own-write check.
         self._retry = retry or RetryOptions()
         self._commit_inner = commit_inner if commit_inner is not None else inner
+        # obstore's MemoryStore keeps a reference to the caller's buffer instead of copying;
+        # callers reuse buffers (staging arenas), so give it a private copy.
+        self._copy_on_put = isinstance(inner, MemoryStore)
 
     def _error(self, exc: BaseException, key: str, action: str) -> Exception:
         where = f"{key!r} in {self.url}" if key else self.url
@@ -282,12 +285,16 @@ class ObjectStore(Store):
 
     def _put(self, key: str, data: Buffer, mode: str) -> ObjectMeta:
         validate_key(key)
-        view = memoryview(data).cast("B")
+        view = self._owned(data)
         try:
             result = obstore.put(self._inner, key, view, mode=mode)
         except Exception as exc:
             raise self._error(exc, key, "put") from None
         return ObjectMeta(key, view.nbytes, result.get("e_tag") if isinstance(result, dict) else None)
+
+    def _owned(self, data: Buffer) -> memoryview:
+        view = memoryview(data).cast("B")
+        return memoryview(bytes(view)) if self._copy_on_put else view
 
     def put(self, key: str, data: Buffer) -> ObjectMeta:
         return self._put(key, data, "overwrite")
@@ -301,7 +308,7 @@ class ObjectStore(Store):
         writer won (``AlreadyExistsError``).
         """
         validate_key(key)
-        view = memoryview(data).cast("B")
+        view = self._owned(data)
         uncertain = False
         delays = backoff_delays(self._retry)
         while True:
