@@ -101,18 +101,30 @@ def test_save_rewrites_remembered_chunk_that_gc_deleted(tmp_path):
         assert np.array_equal(mgr.restore(3)["w"], state["w"])
 
 
+def job_pool(job: str) -> list:
+    """Five arrays of content unique to ``job`` (no other job keeps its chunks referenced)."""
+    seed = int.from_bytes(job.encode(), "little") % (1 << 32)
+    return [np.random.default_rng([seed, i]).standard_normal(16384).astype(np.float32) for i in range(5)]
+
+
+def recurring_state(pool: list, step: int) -> dict:
+    """Content recurs every 5 steps (fulls every 10, XOR deltas every 5) while retention keeps
+    only 2: saves keep reusing chunks that just became garbage - the case gc must not break."""
+    return {"a": pool[step % 5], "step": step}
+
+
 def _stress(tmp_path, threads: int, procs: int, saves: int, seconds_cap: float) -> None:
     root = str(tmp_path / "s")
-    pool = [np.random.default_rng(i).standard_normal(16384).astype(np.float32) for i in range(4)]
     errors: list[BaseException] = []
     stop = threading.Event()
 
     def saver(job: str) -> None:
         try:
-            with CheckpointManager(root, job, CheckpointPolicy(full_every=3, incremental_every=1), options=SMALL,
+            with CheckpointManager(root, job, CheckpointPolicy(full_every=2, incremental_every=1), options=SMALL,
                                    hooks=[retention_hook(RetentionPolicy(keep_last=2))]) as mgr:
+                pool = job_pool(job)
                 for step in range(saves):
-                    mgr.save(step, {"a": pool[step % 4], "b": pool[(step // 2) % 4], "step": step}, blocking=True)
+                    mgr.save(step, recurring_state(pool, step), blocking=True)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -153,7 +165,7 @@ def _stress(tmp_path, threads: int, procs: int, saves: int, seconds_cap: float) 
             recs = mgr.verify(deep=True)
             assert recs and all(r.ok for r in recs), [r.errors for r in recs if not r.ok]
             state = mgr.restore()
-            assert np.array_equal(state["a"], pool[(saves - 1) % 4])
+            assert np.array_equal(state["a"], job_pool(job)[(saves - 1) % 5])
     final = collect_garbage(store, NOGRACE)
     assert final.missing == 0
 

@@ -6,8 +6,9 @@ The protocol (see docs/lifecycle.md for the argument) uses two kinds of small ob
     gc/leases/<job>-<step>-<id>.json a save lease: the chunk keys a save is about to commit
 
 **Sweep** (``collect_garbage``): (1) write the marker ``running`` - durably, before anything
-else; (2) list chunks; (3) list every manifest of every job and every live lease: their
-chunk keys are referenced; (4) delete chunks that are unreferenced *and* older than the
+else; (2) list chunks; (3) list every live lease, *then* every manifest of every job: their
+chunk keys are referenced (leases first: a lease disappears only after its manifest
+exists, so one of the two listings sees every committed or committing save); (4) delete chunks that are unreferenced *and* older than the
 grace period, stopping at the marker's deadline; (5) mark the marker ``done``.
 
 **Save** (``commit_lease``, called by ``CheckpointManager`` right before it commits a
@@ -179,11 +180,14 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
         report.chunk_bytes = sum(s for s, _ in present.values())
         if progress:
             progress("listed chunks", len(present), len(present))
-        refs, report.manifests, report.jobs = referenced_chunks(store, ignore_unreadable=opts.ignore_unreadable)  # (3)
+        # (3) leases BEFORE manifests: a save drops its lease only after committing, so a lease
+        # missing from this listing is either not written yet (the save will see our marker) or
+        # dropped after a commit that the manifest listing below then sees.
+        leased, report.leases = live_leases(store, t0, opts.lease_ttl, dry_run)  # type: ignore[arg-type]
+        refs, report.manifests, report.jobs = referenced_chunks(store, ignore_unreadable=opts.ignore_unreadable)
         # A save may write chunks after the chunk listing and commit before the manifest
         # listing: its newest chunks look missing. Confirm with a HEAD before reporting.
         report.missing = sum(1 for key in refs - present.keys() if not store.exists(key))
-        leased, report.leases = live_leases(store, t0, opts.lease_ttl, dry_run)  # type: ignore[arg-type]
         refs |= leased
         cutoff = t0 - opts.grace  # type: ignore[operator]
         victims = []
