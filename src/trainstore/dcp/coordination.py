@@ -89,7 +89,17 @@ def describe_failure(exc: BaseException) -> str:
             msg = str(err)
             parts.append(msg if msg.startswith(f"rank {rank}:") else f"rank {rank}: {type(err).__name__}: {msg}")
         return "; ".join(parts)
-    return f"{type(exc).__name__}: {exc}"
+    msg = f"{type(exc).__name__}: {exc}"
+    dist_error = getattr(_dist(), "DistError", None)
+    if (dist_error is not None and isinstance(exc, dist_error)) or "Connection closed by peer" in str(exc):
+        msg += " (a collective failed: another rank died or stopped responding within the process-group timeout)"
+    return msg
+
+
+def _dist():  # noqa: ANN202 - torch.distributed, imported lazily
+    import torch.distributed as dist
+
+    return dist
 
 
 __all__ = ["CheckpointTarget", "parse_checkpoint_id", "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",

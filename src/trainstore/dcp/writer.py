@@ -187,8 +187,6 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         fut: Future[list[WriteResult]] = Future()
         try:
             fut.set_result(self._write(plan, planner))
-        except TrainstoreError as exc:
-            raise rank_error(self.rank, self.step, self.job, "write", exc) from exc
         except Exception as exc:  # noqa: BLE001 - name the rank whatever failed
             raise rank_error(self.rank, self.step, self.job, "write", exc) from exc
         return fut
@@ -203,6 +201,9 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
         decision = plan.storage_data if isinstance(plan.storage_data, dict) else {}
         self._decision = decision
+        if decision.get("step", self.step) != self.step:
+            raise ConfigError(f"this rank saves step {self.step}, the coordinator step {decision.get('step')}: "
+                              "every rank must pass the same checkpoint_id")
         base_step = decision.get("base_step")
         base = mf.load_manifest(self.store, self.job, base_step) if base_step is not None else None
         chunks = self._chunk_store()
