@@ -1,0 +1,91 @@
+"""trainstore.dcp in one process (DCP's no_dist mode): S3, corruption fallback, old call forms."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.planner import SavePlan
+
+from trainstore.checkpoint import CheckpointManager
+from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.writer import WriteOptions
+from trainstore.dcp import StorageReader, StorageWriter
+from trainstore.errors import ConfigError
+from trainstore.store import open_store
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::UserWarning")]
+SMALL = WriteOptions(chunk_bytes=4096, workers=2)
+
+
+def state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(64, 33, generator=g), "b": torch.randn(5, generator=g).to(torch.bfloat16)},
+            "step": seed, "sched": {"milestones": (1, 2), "name": "cos"}}
+
+
+def empty() -> dict:
+    return {"model": {"w": torch.zeros(64, 33), "b": torch.zeros(5, dtype=torch.bfloat16)}, "step": 0,
+            "sched": {"milestones": (0,), "name": ""}}
+
+
+def same(a: dict, b: dict) -> bool:
+    return all(torch.equal(a["model"][k], b["model"][k]) for k in ("w", "b")) and a["step"] == b["step"] \
+        and a["sched"] == b["sched"]
+
+
+def test_s3_roundtrip_with_url_checkpoint_id(s3_url):
+    url, opts = s3_url
+    store = open_store(url, **opts)
+    dcp.save(state(1), storage_writer=StorageWriter(store, "s3job", options=SMALL), checkpoint_id=1, no_dist=True)
+    dcp.save(state(1) | {"step": 2}, storage_writer=StorageWriter(url, "other", kind="incremental", options=SMALL,
+                                                                   store_options=opts),
+             checkpoint_id=f"trainstore:{url}#s3job@2", no_dist=True)
+    assert mf.list_steps(store, "s3job") == [1, 2]
+    out = empty()
+    dcp.load(out, storage_reader=StorageReader(url, "s3job", store_options=opts), no_dist=True)  # newest: 2
+    assert same(out, state(1) | {"step": 2})
+    m = mf.load_manifest(store, "s3job", 2)
+    assert m.kind == "incremental" and all(c.same_as_base for t in m.tensors.values() for c in t.chunks)
+
+
+def test_manager_restore_falls_back_past_a_corrupt_distributed_checkpoint(tmp_path):
+    root = str(tmp_path)
+    for step in (1, 2):
+        dcp.save(state(step), storage_writer=StorageWriter(root, "j", options=SMALL), checkpoint_id=step, no_dist=True)
+    store = open_store(root)
+    m2 = mf.load_manifest(store, "j", 2)
+    key = m2.tensors["model.w@0,0"].chunks[1].ref.key()
+    data = bytearray(store.get(key))
+    data[len(data) // 2] ^= 0xFF
+    store.put(key, bytes(data))
+    with CheckpointManager(root, "j") as mgr:
+        assert [r.ok for r in mgr.verify()] == [True, False]
+        res = mgr.restore_into(empty())
+        assert res.step == 1 and same(res.state, state(1))
+        full = mgr.restore(retry_bad=True)  # no target: full tensors; step 2 fails again -> step 1
+        assert mgr.last_restore.step == 1 and torch.equal(full["model"]["w"], state(1)["model"]["w"])
+        with pytest.raises(ConfigError):  # a target that does not match is not a bad checkpoint
+            mgr.restore_into({"model": {"w": torch.zeros(3)}}, step=1)
+
+
+def test_older_call_forms_and_step_checks(tmp_path):
+    w = StorageWriter(str(tmp_path), "j")
+    w.reset()  # older torch: reset() without an id
+    with pytest.raises(ConfigError, match="no checkpoint step"):
+        w.set_up_storage_writer(True)  # older torch: is_coordinator only
+    w.reset("j@5")
+    w.set_up_storage_writer(True)
+    assert w.step == 5 and w.rank == 0
+    plans = w.prepare_global_plan([SavePlan([]), SavePlan([])])
+    assert [p.storage_data["rank"] for p in plans] == [0, 1] and plans[0].storage_data["kind"] == "full"
+    other = StorageWriter(str(tmp_path), "j", 6)
+    other.set_up_storage_writer(False, rank=1, use_collectives=True)
+    with warnings.catch_warnings():
+        with pytest.raises(ConfigError, match="same checkpoint_id"):
+            other._write(plans[1], None)  # the coordinator decided step 5
+    r = StorageReader(str(tmp_path), "j")
+    r.reset()
+    assert StorageReader.validate_checkpoint_id("j@5") and not StorageReader.validate_checkpoint_id(None)
