@@ -112,6 +112,7 @@ _CHILD = textwrap.dedent("""
     from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
     from trainstore.checkpoint.writer import WriteOptions
     root = sys.argv[1]
+    sys.stdin.readline()  # imports are done before the go signal (spawned ahead of time)
     mgr = CheckpointManager(root, job="kill", policy=CheckpointPolicy(full_every=3, incremental_every=1),
                             options=WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2))
     latest = mgr.latest_step()
@@ -123,35 +124,66 @@ _CHILD = textwrap.dedent("""
         print(step, flush=True)
 """)
 
+KILL_REPS = 20
+LANES = 2  # independent stores killed concurrently: 2 x 10 real SIGKILLs of a saving process
+
+
+def _spawn(root: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.Popen([sys.executable, "-c", _CHILD, root], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, text=True)
+
+
+def _kill_lane(root: str, reps: int, seed: int) -> int:
+    """``reps`` times: start a saving child (spawned ahead, so its imports overlap the previous
+    round), SIGKILL it at a random point, then check that only complete checkpoints are
+    visible and that the newest one restores. Returns the rounds done."""
+    rng = random.Random(seed)
+    acknowledged = -1
+    nxt = _spawn(root)
+    done = 0
+    try:
+        for rep in range(reps):
+            proc, nxt = nxt, None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            # wait until the child acknowledges its first step, then kill at a random point
+            line = proc.stdout.readline()
+            if line.strip():
+                acknowledged = max(acknowledged, int(line))
+            time.sleep(rng.uniform(0.0, 0.2))
+            proc.send_signal(signal.SIGKILL)
+            out, _ = proc.communicate()
+            assert proc.returncode == -signal.SIGKILL
+            for line in out.split():
+                acknowledged = max(acknowledged, int(line))
+            if rep + 1 < reps:
+                nxt = _spawn(root)  # imports while this round is checked
+            done += 1
+            with CheckpointManager(root, job="kill", options=SMALL) as mgr:
+                steps = mgr.steps()
+                assert steps and steps[-1] >= acknowledged  # nothing acknowledged is lost
+                state = mgr.restore()
+                assert mgr.last_restore.step == steps[-1] and not mgr.last_restore.skipped
+                assert state["step"] == steps[-1] and torch.equal(state["w"], torch.full((20000,), float(steps[-1])))
+        with CheckpointManager(root, job="kill", options=SMALL) as mgr:
+            assert all(r.ok for r in mgr.verify(deep=True))
+    finally:
+        if nxt is not None:
+            nxt.kill()
+            nxt.communicate()
+    return done
+
 
 @pytest.mark.timeout(300)
 def test_sigkill_during_saves_leaves_only_complete_checkpoints(tmp_path):
-    root = str(tmp_path / "store")
-    rng = random.Random(1234)
-    acknowledged = -1
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    reps = 0
-    while reps < 20:
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, root], stdout=subprocess.PIPE, env=env, text=True)
-        # wait until the child prints its first acknowledged step (imports done), then kill at random
-        line = proc.stdout.readline()
-        if line.strip():
-            acknowledged = max(acknowledged, int(line))
-        time.sleep(rng.uniform(0.0, 0.25))
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate()
-        for line in out.split():
-            acknowledged = max(acknowledged, int(line))
-        reps += 1
-        with CheckpointManager(root, job="kill", options=SMALL) as mgr:
-            steps = mgr.steps()
-            assert steps and steps[-1] >= acknowledged  # nothing acknowledged is lost
-            state = mgr.restore()
-            assert mgr.last_restore.step == steps[-1] and not mgr.last_restore.skipped
-            assert state["step"] == steps[-1] and torch.equal(state["w"], torch.full((20000,), float(steps[-1])))
-    assert reps >= 20
-    with CheckpointManager(root, job="kill", options=SMALL) as mgr:
-        assert all(r.ok for r in mgr.verify(deep=True))
+    from concurrent.futures import ThreadPoolExecutor
+
+    per_lane = KILL_REPS // LANES
+    with ThreadPoolExecutor(LANES) as pool:
+        futs = [pool.submit(_kill_lane, str(tmp_path / f"store{i}"), per_lane, 1234 + i) for i in range(LANES)]
+        reps = sum(f.result() for f in futs)
+    assert reps >= KILL_REPS
 
 
 def test_pending_save_finishes_at_interpreter_exit(tmp_path):

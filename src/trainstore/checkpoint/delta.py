@@ -1,7 +1,9 @@
 """How one piece (chunk) of a tensor is stored: plain, same-as-base, or an XOR delta.
 
-Full checkpoints store every piece plainly (compressed; stored raw when a sample shows the
-bytes do not compress, so incompressible data does not pay the codec twice). Identical
+Full checkpoints store every piece plainly with the fast full codec (shuffle-lz4 by default),
+or raw when a sample shows it would save under ``raw_above`` (fresh float32 weights): a full
+save is about time until durable, and the codec's CPU would cost more than the disk time it
+saves. Identical
 pieces dedup by content hash, also across checkpoints.
 
 Incremental checkpoints compare each piece with the same piece of their base FULL
@@ -33,7 +35,7 @@ from .manifest import ChunkEntry
 
 #: Try the plain codec too when the XOR delta compresses worse than this fraction of raw.
 TRY_PLAIN_ABOVE = 0.75
-_SAMPLE_BYTES = 1 << 20
+_SAMPLE_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -71,23 +73,25 @@ class PieceEncoder:
     """Stores pieces in a ``ChunkStore`` with the codec choices described above."""
 
     def __init__(self, chunks: ChunkStore, *, codec: str, delta_codec: str, level: int,
-                 threads: int, incompressible_ratio: float) -> None:
+                 threads: int, incompressible_ratio: float, raw_above: float = 0.9) -> None:
         self.chunks = chunks
         self.codec = codec
         self.delta_codec = delta_codec
         self.level = level
         self.threads = threads
         self.incompressible_ratio = incompressible_ratio
+        self.raw_above = raw_above
         try:
             self._local = chunks.store.local_path(f"{chunks.prefix}/probe") is not None
         except Exception:  # noqa: BLE001 - any doubt: copy
             self._local = False
 
     def _ratio(self, data: memoryview, codec: str, itemsize: int) -> float:
-        """Compressed/raw size of a sample (the first MiB) of ``data``."""
+        """Compressed/raw size of a sample (256 KiB from the middle) of ``data``."""
         if codec == "raw":
             return 1.0
-        sample = data[:_SAMPLE_BYTES]
+        start = max(0, (data.nbytes - _SAMPLE_BYTES) // 2) // 64 * 64
+        sample = data[start:start + _SAMPLE_BYTES]
         if sample.nbytes == 0:
             return 1.0
         enc = encode(sample, codec, itemsize, level=self.level, threads=self.threads)
@@ -98,11 +102,17 @@ class PieceEncoder:
         return res.ref, (res.ref.stored if res.written else 0)
 
     # -- plain pieces ----------------------------------------------------------------------
-    def plain(self, data: memoryview, itemsize: int, h: str | None = None) -> PieceResult:
-        """Store the piece itself: compressed, or raw when a sample shows it does not compress."""
+    def plain(self, data: memoryview, itemsize: int, h: str | None = None, *,
+              codec: str | None = None, raw_above: float | None = None) -> PieceResult:
+        """Store the piece itself: compressed, or raw when a sample shows it saves too little.
+
+        Defaults are those of full checkpoints (``codec``, ``raw_above``); incrementals pass
+        their delta codec and ``incompressible_ratio``.
+        """
         h = h or content_hash(data)
-        codec = self.codec
-        if codec != "raw" and self._ratio(data, codec, itemsize) > self.incompressible_ratio:
+        codec = codec or self.codec
+        limit = self.raw_above if raw_above is None else raw_above
+        if codec != "raw" and self._ratio(data, codec, itemsize) > limit:
             codec = "raw"
         ref, written = self._put(data, codec, itemsize, h)
         return PieceResult(ChunkEntry(ref), written, ref.stored)
@@ -121,16 +131,20 @@ class PieceEncoder:
         if base.base is None and base.ref.hash == h and base.ref.size == n:
             return PieceResult(ChunkEntry(base.ref, same_as_base=True), 0, 0)
         if base.base is not None or base.ref.size != n:
-            return self.plain(data, itemsize, h)
+            return self._plain_incremental(data, itemsize, h)
         delta = memoryview(xor_into(data, base_bytes(), scratch(n)))
         r_delta = self._ratio(delta, self.delta_codec, itemsize)
         if r_delta > TRY_PLAIN_ABOVE:
-            r_plain = min(self._ratio(data, self.codec, itemsize), 1.0)
+            r_plain = min(self._ratio(data, self.delta_codec, itemsize), 1.0)
             if r_plain < r_delta:
-                return self.plain(data, itemsize, h)
+                return self._plain_incremental(data, itemsize, h)
         codec = self.delta_codec if r_delta <= self.incompressible_ratio else "raw"
         ref, written = self._put(delta, codec, itemsize, content_hash(delta))
         return PieceResult(ChunkEntry(ref, base.ref, h), written, ref.stored)
+
+
+    def _plain_incremental(self, data: memoryview, itemsize: int, h: str) -> PieceResult:
+        return self.plain(data, itemsize, h, codec=self.delta_codec, raw_above=self.incompressible_ratio)
 
 
 __all__ = ["PieceEncoder", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]
