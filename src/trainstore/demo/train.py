@@ -188,7 +188,7 @@ def train(spec: TrainSpec, emit: Callable[[dict], None] = _emit) -> None:
                 emit({"type": "save", "step": step, "kind": kind, "blocked_s": blocked, "waited": waited, **metrics})
             emit({"type": "step", "step": step, "epoch": loader.epoch, "wait_s": t1 - t0,
                   "compute_s": t2 - t1, "ckpt_s": blocked, "eval_s": eval_s, "loss": loss_v})
-    if last_saved != step:  # resumed at the very end: make sure the final state is saved
+    if last_saved != step and step not in mgr.steps():  # resumed at the very end: save the final state
         val_loss, val_acc = evaluate()
         mgr.save(step, state(), metrics={"train_loss": statistics.fmean(recent or [0.0]),
                                          "val_loss": val_loss, "val_acc": val_acc}, kind="full")
