@@ -33,7 +33,6 @@ def test_report_renders_in_chromium(demo_run, tmp_path):
     chromium = chromium_path()
     if chromium is None:
         pytest.skip("chromium is not installed (make test installs Debian's chromium via `make chromium`)")
-    pytest.importorskip("aiohttp", reason="the DevTools client needs aiohttp")
     from .cdp import Browser, inspect_page
 
     browser = Browser(chromium, str(tmp_path / "profile"))
@@ -61,7 +60,6 @@ def test_broken_page_is_caught(demo_run, tmp_path):
     chromium = chromium_path()
     if chromium is None:
         pytest.skip("chromium is not installed")
-    pytest.importorskip("aiohttp", reason="the DevTools client needs aiohttp")
     from .cdp import Browser, inspect_page
 
     html = open(demo_run["report"], encoding="utf-8").read()
