@@ -145,14 +145,19 @@ def _stress(tmp_path, threads: int, procs: int, saves: int, seconds_cap: float) 
     gc_thread = threading.Thread(target=sweeper)
     gc_thread.start()
     workers = [threading.Thread(target=saver, args=(f"thread{i}",)) for i in range(threads)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(seconds_cap)
-    for c in children:
-        assert c.wait(seconds_cap) == 0
-    stop.set()
-    gc_thread.join(seconds_cap)
+    try:
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(seconds_cap)
+        for c in children:
+            assert c.wait(seconds_cap) == 0
+    finally:
+        stop.set()
+        gc_thread.join(seconds_cap)
+        for c in children:
+            if c.poll() is None:
+                c.kill()
     assert not errors, errors
     assert sum(r.deleted for r in sweeps) > 0 and len(sweeps) >= 2  # gc really ran and deleted
     store = open_store(root)
@@ -179,3 +184,42 @@ def test_gc_concurrent_with_thread_and_process_saves(tmp_path):
 @pytest.mark.timeout(900)
 def test_gc_stress_many_savers(tmp_path):
     _stress(tmp_path, threads=4, procs=3, saves=120, seconds_cap=800)
+
+
+def test_a_crashed_sweep_delays_saves_only_until_its_deadline(tmp_path, monkeypatch):
+    import trainstore.lifecycle.gc as gcmod
+
+    monkeypatch.setattr(gcmod, "CLOCK_SKEW_S", 0.0)
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    # a sweep that died: "running", its heartbeat stops renewing the deadline
+    store.put(gcmod.SWEEPS + "000000000000001-dead.json",
+              ('{"state": "running", "started": %f, "deadline": %f}' % (time.time(), time.time() + 1.5)).encode())
+    with CheckpointManager(root, "j", options=SMALL) as mgr:
+        t = time.perf_counter()
+        mgr.save(1, {"w": np.ones(4096, np.float32)}, blocking=True)
+        waited = time.perf_counter() - t
+        assert 1.0 <= waited < 15, waited  # waited for the deadline, then re-checked its chunks
+        t = time.perf_counter()
+        mgr.save(2, {"w": np.ones(4096, np.float32)}, blocking=True)
+        assert time.perf_counter() - t < 1.0  # past the deadline: no more waiting
+        assert all(r.ok for r in mgr.verify(deep=True))
+
+
+def test_heartbeat_lapse_stops_deletion(store):
+    import trainstore.lifecycle.gc as gcmod
+
+    clock = [1000.0]
+    beat = gcmod._Heartbeat(store, gcmod.SWEEPS + "x.json", {"started": 1000.0}, GcOptions(heartbeat=10),
+                            lambda: clock[0])
+    beat._renew()
+    assert beat.deadline == 1030.0 and beat.may_delete()
+    clock[0] = 1025.0  # within the deadline but less than one beat ahead: no new batches
+    assert not beat.may_delete()
+    beat._renew()
+    assert beat.may_delete() and not beat.lapsed
+    clock[0] = 1100.0  # the process was paused past its published deadline
+    beat._renew()
+    assert beat.lapsed and not beat.may_delete()
+    with pytest.raises(Exception, match="heartbeat"):
+        GcOptions(heartbeat=0)

@@ -9,14 +9,15 @@ The protocol (see docs/lifecycle.md for the argument) uses two kinds of small ob
 else; (2) list chunks; (3) list every live lease, *then* every manifest of every job: their
 chunk keys are referenced (leases first: a lease disappears only after its manifest
 exists, so one of the two listings sees every committed or committing save); (4) delete chunks that are unreferenced *and* older than the
-grace period, stopping at the marker's deadline; (5) mark the marker ``done``.
+grace period, while the marker's deadline (renewed by a heartbeat) is ahead; (5) mark the
+marker ``done``.
 
 **Save** (``commit_lease``, called by ``CheckpointManager`` right before it commits a
 manifest): (a) write the lease naming every chunk key of the manifest; (b) list sweep
 markers; a sweep that is still running, or that finished after this process last checked
 its chunk knowledge, may have deleted a chunk the save reuses (a dedup hit, a base chunk, a
 key the ChunkStore remembered) - so (c) wait until running sweeps are done (or past their
-deadline), forget cached chunk knowledge, HEAD every chunk of the manifest and write back
+deadline, which a crashed sweep stops renewing), forget cached chunk knowledge, HEAD every chunk of the manifest and write back
 any that is missing (from the staged bytes); (d) commit the manifest; (e) drop the lease.
 
 Why it is safe: a sweep whose listing (3) happens after the lease (a) is visible protects
@@ -63,7 +64,8 @@ class GcOptions:
     """How a sweep runs. Durations: seconds or strings like ``"1h"``."""
 
     grace: float | str = "1h"  # only chunks older than this are deleted
-    max_duration: float | str = "1h"  # the sweep stops deleting after this (its marker's deadline)
+    max_duration: float | str = "1h"  # the sweep stops deleting after this, whatever happens
+    heartbeat: float | str = 10.0  # the marker's deadline is renewed this often, to now + 3 beats
     marker_ttl: float | str = "7d"  # finished markers are removed after this
     lease_ttl: float | str = "1d"  # leases of crashed saves expire after this
     workers: int = 8
@@ -71,8 +73,10 @@ class GcOptions:
     ignore_unreadable: bool = False  # sweep even if a manifest cannot be read (its chunks may go!)
 
     def __post_init__(self) -> None:
-        for name in ("grace", "max_duration", "marker_ttl", "lease_ttl"):
+        for name in ("grace", "max_duration", "marker_ttl", "lease_ttl", "heartbeat"):
             object.__setattr__(self, name, parse_duration(getattr(self, name), name))
+        if not self.heartbeat > 0:  # type: ignore[operator]
+            raise ConfigError(f"heartbeat must be a positive duration, got {self.heartbeat!r}")
         if not isinstance(self.workers, int) or self.workers < 1 or not isinstance(self.batch, int) or self.batch < 1:
             raise ConfigError("workers and batch must be positive ints")
 
@@ -168,11 +172,10 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     t0 = now()
     report = GcReport(dry_run=dry_run)
     marker_key = f"{SWEEPS}{int(t0 * 1000):015d}-{uuid.uuid4().hex[:12]}.json"
-    deadline = t0 + opts.max_duration  # type: ignore[operator]
-    marker = {"state": "running", "started": t0, "deadline": deadline, "host": os.uname().nodename,
-              "pid": os.getpid()}
+    marker = {"state": "running", "started": t0, "host": os.uname().nodename, "pid": os.getpid()}
+    beat = _Heartbeat(store, marker_key, marker, opts, now)
     if not dry_run:
-        _put_json(store, marker_key, marker)  # (1) before any listing
+        beat.start()  # (1) the marker is written before any listing, then kept alive
     try:
         chunks = ChunkStore(store)
         present = {key: (size, mtime) for key, size, mtime in chunks.list_keys()}  # (2)
@@ -206,10 +209,11 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
             report.bytes_reclaimed = sum(s for _, s in victims)
             report.deleted_keys = [k for k, _ in victims]
         else:
-            _delete(store, victims, opts, deadline, report, now, progress)  # (4)
+            _delete(store, victims, opts, beat, report, progress)  # (4)
     finally:
         report.seconds = now() - t0
         if not dry_run:
+            beat.stop()
             try:
                 _put_json(store, marker_key, {**marker, "state": "done", "finished": now(),
                                               "deleted": report.deleted})  # (5)
@@ -221,13 +225,61 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     return report
 
 
-def _delete(store: Store, victims: list[tuple[str, int]], opts: GcOptions, deadline: float, report: GcReport,
-            now: Callable[[], float], progress: Callable[[str, int, int], Any] | None) -> None:
+class _Heartbeat:
+    """Keeps a sweep marker alive: its ``deadline`` is renewed every ``heartbeat`` seconds to
+    now + 3 beats (never past started + max_duration). Savers wait for a running sweep only
+    until its deadline, so a crashed sweep delays saves by seconds, not an hour. In turn the
+    sweep deletes only while its published deadline is at least one beat ahead, and stops for
+    good if a renewal ever came late (a paused process: savers may have stopped waiting)."""
+
+    def __init__(self, store: Store, key: str, marker: dict, opts: GcOptions, now: Callable[[], float]) -> None:
+        self.store, self.key, self.marker, self.now = store, key, marker, now
+        self.period = float(opts.heartbeat)  # type: ignore[arg-type]
+        self.hard = marker["started"] + float(opts.max_duration)  # type: ignore[arg-type]
+        self.deadline = 0.0
+        self.lapsed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainstore-gc-heartbeat", daemon=True)
+
+    def _renew(self) -> None:
+        t = self.now()
+        if self.deadline and t > self.deadline:
+            self.lapsed = True
+            return
+        deadline = min(t + 3 * self.period, self.hard)
+        _put_json(self.store, self.key, {**self.marker, "deadline": deadline})
+        if self.deadline and self.now() > self.deadline:  # the put itself outlived the old deadline
+            self.lapsed = True
+        self.deadline = deadline
+
+    def start(self) -> None:
+        self._renew()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period) and not self.lapsed:
+            try:
+                self._renew()
+            except TrainstoreError as exc:
+                log.warning("gc: could not renew sweep marker %s: %s", self.key, exc)
+
+    def may_delete(self) -> bool:
+        return not self.lapsed and self.now() + self.period < self.deadline
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def _delete(store: Store, victims: list[tuple[str, int]], opts: GcOptions, beat: _Heartbeat, report: GcReport,
+            progress: Callable[[str, int, int], Any] | None) -> None:
     with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-gc") as pool:
         for i in range(0, len(victims), opts.batch):
-            if now() > deadline:
+            if not beat.may_delete():
                 report.stopped_early = True
-                log.warning("gc: stopping at the sweep deadline with %d chunks left", len(victims) - i)
+                log.warning("gc: sweep deadline reached or heartbeat lapsed; stopping with %d chunks left",
+                            len(victims) - i)
                 break
             batch = victims[i:i + opts.batch]
             list(pool.map(lambda kv: store.delete(kv[0]), batch))
