@@ -150,14 +150,15 @@ def _damage(store, key: str, kind: str, rng: random.Random) -> bytes:
 
 def _bad_steps(manifests: dict, key: str, kind: str) -> tuple[set[int], set[int]]:
     """(steps that must be detected as damaged, steps that vanish) after damaging ``key``."""
-    bad, gone = set(), set()
+    bad, gone, broken_manifest = set(), set(), set()
     for step, m in manifests.items():
         if m.key == key:
             (gone if kind == "delete" else bad).add(step)
-        elif key in mf.manifest_chunk_keys(m):
+            broken_manifest.add(step)
+        elif key in mf.manifest_chunk_keys(m):  # includes base chunks an incremental uses
             bad.add(step)
-    for step, m in manifests.items():  # incrementals whose base manifest is damaged or gone
-        if m.kind == "incremental" and m.base_step in bad | gone:
+    for step, m in manifests.items():  # incrementals whose base *manifest* is damaged or gone
+        if m.kind == "incremental" and m.base_step in broken_manifest:
             bad.add(step)
     return bad, gone
 
