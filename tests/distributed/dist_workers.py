@@ -127,7 +127,7 @@ def save_faulty(rank: int, world: int, args: dict) -> dict:
     try:
         dcp.save(state, storage_writer=w, checkpoint_id=args["step"])
     except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
-        return {"failed": True, "type": type(exc).__name__, "message": describe_failure(exc)}
+        return {"failed": True, "type": type(exc).__name__, "message": w.failure_report(exc)}
     return {"failed": False}
 
 

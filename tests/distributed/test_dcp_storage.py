@@ -122,7 +122,7 @@ def test_sigkilled_rank_fails_the_others_within_timeout_and_previous_checkpoint_
     v0 = res[0].value or {}
     assert v0.get("failed") or res[0].error, res[0]
     msg = (v0.get("message") or res[0].error or "").lower()
-    assert any(w in msg for w in ("rank 1", "connection", "closed", "timeout", "timed out", "peer")), msg
+    assert "rank 1 did not finish writing" in msg and "died or stopped responding" in msg, msg
     assert mf.list_steps(LocalStore(root), "j") == [1]
     from trainstore.checkpoint import CheckpointManager  # noqa: PLC0415
 

@@ -106,7 +106,8 @@ def _write(mgr: CheckpointManager, writer: StorageWriter, staged: dict, step: in
         m = writer.last_manifest or mf.load_manifest(mgr.store, mgr.job, step)
         info = CheckpointInfo.from_manifest(m)
     except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
-        err = DistributedError(f"distributed checkpoint step {step} of job {mgr.job!r} failed: {describe_failure(exc)}")
+        err = DistributedError(f"distributed checkpoint step {step} of job {mgr.job!r} failed: "
+                               f"{writer.failure_report(exc)}")
         with mgr._lock:
             if mgr._error is None:
                 mgr._error, mgr._error_step = err, step

@@ -91,9 +91,50 @@ def describe_failure(exc: BaseException) -> str:
         return "; ".join(parts)
     msg = f"{type(exc).__name__}: {exc}"
     dist_error = getattr(_dist(), "DistError", None)
-    if (dist_error is not None and isinstance(exc, dist_error)) or "Connection closed by peer" in str(exc):
-        msg += " (a collective failed: another rank died or stopped responding within the process-group timeout)"
+    text = str(exc).lower()
+    if (dist_error is not None and isinstance(exc, dist_error)) or any(
+            w in text for w in ("connection closed", "connection reset", "timed out", "timeout")):
+        msg = "a collective failed: another rank died or stopped responding " \
+              f"(within the process-group timeout): {msg}"
     return msg
+
+
+# -- progress markers: which ranks finished writing (names a rank that died) --------------------
+def _marker(save_id: str, rank: int) -> str:
+    return f"trainstore/dcp/{save_id}/written/{rank}"
+
+
+def mark_written(save_id: str | None, rank: int) -> None:
+    """Record in the process group's key-value store that ``rank`` finished ``write_data``."""
+    store = _kv_store()
+    if store is not None and save_id:
+        try:
+            store.set(_marker(save_id, rank), b"1")
+        except Exception:  # noqa: BLE001 - best effort: only used to word an error message
+            pass
+
+
+def unfinished_ranks(save_id: str | None, world_size: int) -> list[int] | None:
+    """Ranks that did not mark ``write_data`` as finished (None: unknown, e.g. no store)."""
+    store = _kv_store()
+    if store is None or not save_id:
+        return None
+    try:
+        return [r for r in range(world_size) if not store.check([_marker(save_id, r)])]
+    except Exception:  # noqa: BLE001 - the store lives on rank 0; it may be gone too
+        return None
+
+
+def _kv_store():  # noqa: ANN202
+    dist = _dist()
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _dist():  # noqa: ANN202 - torch.distributed, imported lazily
@@ -103,4 +144,4 @@ def _dist():  # noqa: ANN202 - torch.distributed, imported lazily
 
 
 __all__ = ["CheckpointTarget", "parse_checkpoint_id", "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",
-           "rank_error", "describe_failure"]
+           "rank_error", "describe_failure", "mark_written", "unfinished_ranks"]

@@ -43,7 +43,15 @@ from ..codecs import CodecConfig
 from ..errors import AlreadyExistsError, ConfigError, ManifestError, TrainstoreError
 from ..store import open_store
 from ..store.base import Store
-from .coordination import find_base, is_valid_checkpoint_id, parse_checkpoint_id, rank_error
+from .coordination import (
+    describe_failure,
+    find_base,
+    is_valid_checkpoint_id,
+    mark_written,
+    parse_checkpoint_id,
+    rank_error,
+    unfinished_ranks,
+)
 from .items import lookup_value, stage_tensor, stage_value
 from .metadata import index_to_json, metadata_to_json, shard_name
 
@@ -180,7 +188,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                 log.info("step %s: no full distributed checkpoint to diff against, saving a full one", step)
                 kind = "full"
         decision = {"step": step, "kind": kind, "base_step": None if base is None else base.step,
-                    "world_size": len(plans)}
+                    "world_size": len(plans), "save_id": uuid.uuid4().hex}
         return [dataclasses.replace(p, storage_data={**decision, "rank": i}) for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -190,6 +198,19 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         except Exception as exc:  # noqa: BLE001 - name the rank whatever failed
             raise rank_error(self.rank, self.step, self.job, "write", exc) from exc
         return fut
+
+    def failure_report(self, exc: BaseException) -> str:
+        """Describe a failed save, naming the ranks that never finished writing when a
+        collective broke (a rank that died or hung cannot report its own error)."""
+        msg = describe_failure(exc)
+        d = self._decision or {}
+        if getattr(exc, "failures", None) or not d:
+            return msg
+        missing = unfinished_ranks(d.get("save_id"), int(d.get("world_size") or 0))
+        if missing:
+            msg = f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not finish writing " \
+                  f"checkpoint step {self.step} (died or stopped responding); {msg}"
+        return msg
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         try:
@@ -232,6 +253,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
             size = sum(entries[n].nbytes for n in names)
             results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=sd))
         del keep
+        mark_written(decision.get("save_id"), self.rank)
         return results
 
     def _chunk_store(self) -> ChunkStore:
