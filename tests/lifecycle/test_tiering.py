@@ -65,12 +65,20 @@ def test_hot_commit_durable_copy_eviction_and_transparent_restore(tmp_path, s3_u
 def test_archive_old_full_checkpoints(tmp_path):
     durable = f"memory://{uuid.uuid4().hex}"
     archive = f"memory://{uuid.uuid4().hex}"
+    from trainstore.lifecycle.metrics import CheckpointMetrics
+
+    metrics = CheckpointMetrics()
     tiers = Tiering(str(tmp_path / "hot"), durable, archive=archive,
-                    policy=TierPolicy(hot_keep_last=1, archive_after=0, hot_gc_grace=0))
-    with tiers.manager("run", policy=CheckpointPolicy(full_every=1, incremental_every=None), options=SMALL) as mgr:
+                    policy=TierPolicy(hot_keep_last=1, archive_after=0, hot_gc_grace=0), observers=[metrics.observe])
+    with tiers.manager("run", policy=CheckpointPolicy(full_every=1, incremental_every=None), options=SMALL,
+                       observers=[metrics.observe]) as mgr:
         for step in range(4):
             mgr.save(step, state(step), blocking=True)
         tiers.wait()
+        reg = metrics.registry
+        assert reg.get_sample_value("trainstore_ckpt_durable_seconds_count", {"job": "run"}) == 4
+        assert reg.get_sample_value("trainstore_ckpt_restore_ready_seconds_count", {"job": "run"}) == 4
+        assert reg.get_sample_value("trainstore_ckpt_bytes_total", {"job": "run", "tier": "durable", "kind": "stored"}) > 0
         assert tiers.archive("run", dry_run=True) == [0, 1, 2]
         assert tiers.archive("run") == [0, 1, 2]
         st = {s.step: s.tiers for s in tiers.status("run")}
@@ -110,4 +118,19 @@ def test_durable_lease_held_until_the_durable_copy(tmp_path):
         tiers.make_durable("run", 0)
         assert not list(tiers.durable.list(LEASES))
         assert collect_garbage(tiers.durable, GcOptions(grace=0)).deleted == 0  # referenced now
+    tiers.close()
+
+
+def test_retention_on_the_tiered_store_before_the_copy(tmp_path):
+    """Retention deleting a step before its background copy ran is not an error."""
+    from trainstore.lifecycle.retention import RetentionPolicy, retention_hook
+
+    tiers = Tiering(str(tmp_path / "hot"), f"memory://{uuid.uuid4().hex}", policy=TierPolicy(hot_gc_grace=0))
+    with tiers.manager("run", policy=CheckpointPolicy(full_every=1, incremental_every=None), options=SMALL,
+                       hooks=[retention_hook(RetentionPolicy(keep_last=1))]) as mgr:
+        for step in range(5):
+            mgr.save(step, state(step), blocking=True)
+        tiers.wait()
+        assert mgr.steps() == [4] and tiers.status("run", 4)[0].durable  # no copy resurrected a step
+        assert np.array_equal(mgr.restore()["w"], state(4)["w"])
     tiers.close()

@@ -209,7 +209,13 @@ class Tiering:
 
     def _copy_and_evict(self, job: str, step: int, created: float, ready: float) -> None:
         try:
-            self.make_durable(job, step, created=created, restore_ready_at=ready)
+            try:
+                self.make_durable(job, step, created=created, restore_ready_at=ready)
+            except NotFoundError:
+                if self.hot.exists(mf.manifest_key(job, step)):
+                    raise
+                log.info("tiering: step %d of job %r was deleted (retention) before its durable copy", step, job)
+                return
             if self.policy.evict_after_copy:
                 self.evict(job)
         except BaseException as exc:
@@ -226,6 +232,9 @@ class Tiering:
             created = m.created if created is None else created
             restore_ready_at = restore_ready_at or self.hot.head(mf.manifest_key(job, step)).mtime or created
         copied = copy_checkpoint(self.hot, self.durable, job, step, self.workers)
+        if not self.hot.exists(mf.manifest_key(job, step)):  # retention deleted it while we copied
+            delete_checkpoint(self.durable, job, step)
+            raise NotFoundError(f"step {step} of job {job!r} was deleted from the hot tier during its copy")
         durable_at = time.time()
         record = {"created": created, "restore_ready_at": restore_ready_at, "durable_at": durable_at,
                   "copied_bytes": copied}
