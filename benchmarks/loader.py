@@ -21,6 +21,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 warnings.filterwarnings("ignore")
+logging.getLogger("trainstore").setLevel(logging.ERROR)  # AU tries below 90% are expected here
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 

@@ -130,6 +130,21 @@ class DatasetConfig:
     capacity_wait_s: float = 30.0
 
 
+_ROW_COPY_BYTES = 2048
+
+
+def _copy_rows(dst: np.ndarray, positions: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:
+    """dst[positions] = src[rows]. Large rows are copied one by one (a straight memcpy each,
+    the GIL released, no temporary); fancy indexing would gather into a temporary first and
+    then scatter, and is 2-20x slower for rows of 100 KB and up."""
+    row_bytes = src.itemsize * (int(np.prod(src.shape[1:])) if src.ndim > 1 else 1)
+    if src.dtype == object or row_bytes < _ROW_COPY_BYTES:
+        dst[positions] = src[rows]
+        return
+    for p, r in zip(positions.tolist(), rows.tolist()):
+        dst[p] = src[r]
+
+
 class _OpenShard:
     """A pinned, memory-mapped shard: per record batch, zero-copy column views."""
 
@@ -159,14 +174,14 @@ class _OpenShard:
         """``out[name][positions] = rows local`` for every column."""
         if len(self.starts) == 1:
             for name, chunks in self.chunks.items():
-                out[name][positions] = chunks[0][local]
+                _copy_rows(out[name], positions, chunks[0], local)
             return
         cid = np.searchsorted(self.starts, local, side="right") - 1
         for c in np.unique(cid):
             sel = cid == c
             rows = local[sel] - self.starts[c]
             for name, chunks in self.chunks.items():
-                out[name][positions[sel]] = chunks[c][rows]
+                _copy_rows(out[name], positions[sel], chunks[c], rows)
 
     def close(self) -> None:
         if self.handle is not None:
