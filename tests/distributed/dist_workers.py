@@ -174,3 +174,4 @@ def suite_two(rank: int, world: int, args: dict) -> dict:
 
         scenarios += importlib.import_module(extra).scenarios(root)
     return _each(scenarios, rank, world)
+

@@ -176,3 +176,12 @@ def test_manager_failed_rank_is_reported_on_every_rank_and_restore_falls_back(jo
         assert v["error"] and "rank 1" in v["error"] and "injected failure" in v["error"], v
         assert v["restored"] == 15
     assert 20 not in mf.list_steps(LocalStore(root), "m2")
+
+
+def test_manager_with_fsdp2_model_and_optimizer(jobs):
+    root, _, two = jobs
+    for v in scenario(two, "manager_fsdp2"):
+        assert v["same_output"] and v["params"] == 4
+    m = mf.load_manifest(LocalStore(root), "fsdp", 5)
+    assert any(n.startswith("optim.state.") for n in m.tensors)  # AdamW moments, sharded per rank
+    assert len({it["rank"] for it in m.metadata["dcp"]["items"]}) == 2
