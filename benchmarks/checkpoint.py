@@ -209,19 +209,25 @@ class GPT(torch.nn.Module):
 
 def bench_gpt(quick: bool, repeats: int, root: str) -> None:
     torch.manual_seed(0)
-    cfg = dict(vocab=2048, d=128, layers=2, heads=4, ctx=32) if quick else dict(vocab=8192, d=512, layers=8, heads=8, ctx=64)
+    # >= 25M parameters, but few tokens per step (batch 2 x 16): 100 AdamW steps take minutes, not
+    # hours, on 2 shared cores. The training loop uses 1 torch thread (2 threads spin against each
+    # other on an oversubscribed machine); the background save gets the other core.
+    cfg = dict(vocab=2048, d=128, layers=2, heads=4, ctx=16) if quick else dict(vocab=2048, d=512, layers=8, heads=8, ctx=16)
+    batch_size = 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     model = GPT(**cfg)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     steps, every = (20, 5) if quick else (100, 10)
-    data = torch.randint(0, cfg["vocab"], (64, cfg["ctx"] + 1))
+    data = torch.randint(0, cfg["vocab"], (1024, cfg["ctx"] + 1))
     store_dir = os.path.join(root, "gpt-ts")
     mgr = CheckpointManager(store_dir, job="gpt", policy=CheckpointPolicy(full_every=steps, incremental_every=every))
     step_times, busy, blocked = [], [], []
     for step in range(steps + 1):
         busy_now = mgr.pending() is not None
         t = time.perf_counter()
-        batch = data[torch.randint(0, 64, (8,))]
+        batch = data[torch.randint(0, data.shape[0], (batch_size,))]
         loss = torch.nn.functional.cross_entropy(model(batch[:, :-1]).reshape(-1, cfg["vocab"]), batch[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
@@ -233,6 +239,7 @@ def bench_gpt(quick: bool, repeats: int, root: str) -> None:
             mgr.save(step, {"model": model.state_dict(), "optim": opt.state_dict()}, metrics={"loss": loss.item()})
             blocked.append(time.perf_counter() - t)
     mgr.wait()
+    torch.set_num_threads(threads)
     state = {"model": model.state_dict(), "optim": opt.state_dict()}
     tfile = os.path.join(root, "gpt.pt")
     torch.save(state, tfile)
