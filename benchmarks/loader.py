@@ -11,8 +11,8 @@ fraction there. Loaders, on the same samples and with the same number of workers
 * ``streaming``: mosaicml-streaming StreamingDataset (MDS shards) + torch DataLoader;
 * ``litdata``: litdata StreamingDataset (binary chunks) + StreamingDataLoader.
 
-Also measures shuffle quality of the sampler modes. Run: ``.venv/bin/python benchmarks/loader.py
---quick`` (about 5 minutes on 2 cores) or without ``--quick``.
+Also measures shuffle quality of the sampler modes. Run: ``.venv/bin/python benchmarks/loader.py``
+(about 10 minutes on 2 busy cores) or with ``--quick`` (half the samples, shorter tries).
 """
 
 from __future__ import annotations
@@ -223,19 +223,19 @@ def run_epoch(system, w: Workload, compute_s: float, max_batches: int) -> dict:
 def find_min_compute(system, w: Workload, base: float, steps: int, budget_s: float, log) -> dict:
     """Smallest compute time per batch with AU >= 90%: a geometric ladder from the loader's
     own per-batch time, then one bisection step between the last miss and the first hit.
-    Each try runs ``steps`` batches, fewer (at least 10) when that would exceed ``budget_s``."""
+    Each try runs ``steps`` batches, fewer (at least 8) when that would exceed ``budget_s``."""
     ladder = [0.75, 1.0, 1.5, 2.5, 4.0, 6.5, 10.0, 16.0]
     prev = None
     r = {}
     for f in ladder:
         t = max(base * f, 1e-4)
-        n = max(10, min(steps, int(budget_s / (t + base))))
+        n = max(8, min(steps, int(budget_s / (t + base))))
         r = run_epoch(system, w, t, n)
         log(f"    compute {t * 1e3:8.2f} ms/batch x {n}: AU {r['au']:.1%}")
         if r["au"] >= 0.9:
             if prev is not None:
                 mid = (prev + t) / 2
-                r2 = run_epoch(system, w, mid, max(10, min(steps, int(budget_s / (mid + base)))))
+                r2 = run_epoch(system, w, mid, max(8, min(steps, int(budget_s / (mid + base)))))
                 log(f"    compute {mid * 1e3:8.2f} ms/batch: AU {r2['au']:.1%}")
                 if r2["au"] >= 0.9:
                     return {"compute_s": mid, **r2}
@@ -283,9 +283,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--workloads", default="large,medium,small")
-    ap.add_argument("--reps", type=int, default=None, help="no-compute repetitions (3, quick 2)")
-    ap.add_argument("--steps", type=int, default=30, help="batches per measurement")
-    ap.add_argument("--budget", type=float, default=None, help="seconds per AU try (default 4, quick 2)")
+    ap.add_argument("--reps", type=int, default=None, help="no-compute repetitions (3, quick 1)")
+    ap.add_argument("--steps", type=int, default=None, help="batches per AU try (30, quick 16)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds per AU try (4, quick 1.5)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = [s for s in args.systems.split(",") if s]
@@ -301,8 +301,8 @@ def main() -> None:
         for w in workloads(args.quick):
             if w.name.split()[0] not in wanted:
                 continue
-            max_batches = args.steps
-            budget = args.budget or (2.0 if args.quick else 4.0)
+            max_batches = args.steps or (16 if args.quick else 30)
+            budget = args.budget or (1.5 if args.quick else 4.0)
             log(f"\n== {w.name}: {w.samples} samples x {w.sample_bytes / 1e6:.2f} MB, batch {w.batch_size}, "
                 f"{WORKERS} workers")
             systems = {}
@@ -319,7 +319,7 @@ def main() -> None:
                     results["workloads"].append({"workload": w.name, "system": name, "error": str(exc)})
             base = {n: [] for n in systems}
             # interleaved repetitions without compute: each loader's own per-batch time
-            for _rep in range(args.reps or (2 if args.quick else 3)):
+            for _rep in range(args.reps or (1 if args.quick else 3)):
                 for name, s in systems.items():
                     base[name].append(run_epoch(s, w, 0.0, max_batches))
             for name, s in systems.items():
