@@ -193,7 +193,7 @@ def test_a_crashed_sweep_delays_saves_only_until_its_deadline(tmp_path, monkeypa
     root = str(tmp_path / "s")
     store = open_store(root)
     # a sweep that died: "running", its heartbeat stops renewing the deadline
-    store.put(gcmod.SWEEPS + "000000000000001-dead.json",
+    store.put(gcmod.SWEEPS + "%015d-dead.json" % int((time.time() + 3600) * 1000),  # named by its hard deadline
               ('{"state": "running", "started": %f, "deadline": %f}' % (time.time(), time.time() + 1.5)).encode())
     with CheckpointManager(root, "j", options=SMALL) as mgr:
         t = time.perf_counter()

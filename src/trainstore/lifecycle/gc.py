@@ -2,7 +2,7 @@
 
 The protocol (see docs/lifecycle.md for the argument) uses two kinds of small objects:
 
-    gc/sweeps/<start-ms>-<id>.json   a sweep marker: {"state": "running"|"done", started, deadline, finished}
+    gc/sweeps/<deadline-ms>-<id>.json a sweep marker: {"state": "running"|"done", started, deadline, finished}
     gc/leases/<job>-<step>-<id>.json a save lease: the chunk keys a save is about to commit
 
 **Sweep** (``collect_garbage``): (1) write the marker ``running`` - durably, before anything
@@ -171,7 +171,9 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     opts = options or GcOptions()
     t0 = now()
     report = GcReport(dry_run=dry_run)
-    marker_key = f"{SWEEPS}{int(t0 * 1000):015d}-{uuid.uuid4().hex[:12]}.json"
+    # named by the hard deadline: savers skip (without reading) markers that ended long ago
+    hard = t0 + float(opts.max_duration)  # type: ignore[arg-type]
+    marker_key = f"{SWEEPS}{int(hard * 1000):015d}-{uuid.uuid4().hex[:12]}.json"
     marker = {"state": "running", "started": t0, "host": os.uname().nodename, "pid": os.getpid()}
     beat = _Heartbeat(store, marker_key, marker, opts, now)
     if not dry_run:
@@ -297,8 +299,14 @@ def _expire_markers(store: Store, now: float, ttl: float) -> None:
             store.delete(m.key)
 
 
-def sweep_markers(store: Store) -> Iterator[dict]:
+def sweep_markers(store: Store, since: float | None = None) -> Iterator[dict]:
+    """Sweep markers (with their ``key``); with ``since``, only sweeps that may have been
+    deleting at or after ``since`` (the key carries the sweep's hard deadline)."""
     for m in list(store.list(SWEEPS)):
+        if since is not None:
+            stamp = m.key[len(SWEEPS):].split("-", 1)[0]
+            if stamp.isdigit() and int(stamp) / 1000 + 2 * CLOCK_SKEW_S < since:
+                continue
         obj = _load_json(store, m.key)
         if obj is not None:
             obj["key"] = m.key
@@ -360,7 +368,7 @@ def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
             know = _knowledge.setdefault(chunks, _Knowledge(started))
         with know.lock:
             now = time.time()
-            markers = [m for s in stores for m in sweep_markers(s)]  # (b)
+            markers = [m for s in stores for m in sweep_markers(s, know.since - CLOCK_SKEW_S)]  # (b)
             relevant = _relevant(markers, know.since, now)
             if relevant or now - know.since > KNOWLEDGE_MAX_AGE_S:
                 _wait_for(stores, {m["key"] for m in relevant if m.get("state") == "running"}, poll_s)  # (c)
