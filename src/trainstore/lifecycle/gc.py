@@ -393,11 +393,12 @@ def _wait_for(stores: list[Store], running: set[str], poll_s: float) -> None:
     while running:
         still = set()
         now = time.time()
-        for s in stores:
-            for m in sweep_markers(s):
-                if m["key"] in running and m.get("state") == "running" \
+        for key in running:  # re-read just these markers (deleted = done)
+            for s in stores:
+                m = _load_json(s, key)
+                if m is not None and m.get("state") == "running" \
                         and now <= float(m.get("deadline") or 0) + CLOCK_SKEW_S:
-                    still.add(m["key"])
+                    still.add(key)
         running = still
         if running:
             time.sleep(poll_s)
