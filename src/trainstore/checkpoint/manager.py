@@ -501,6 +501,10 @@ class CheckpointManager:
                           retry_bad: bool = False, into: Any = None) -> RestoreResult:
         self._check_open()
         t0 = time.perf_counter()
+        if _distributed_job():  # every rank's in-flight save has committed before steps are listed
+            from ..dcp.bridge import settle
+
+            settle(self)
         if step is not None and best is not None:
             raise ConfigError("pass either step= or best=, not both")
         if mode not in ("min", "max"):

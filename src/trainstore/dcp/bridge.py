@@ -40,13 +40,25 @@ def in_distributed_job() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _group(mgr: CheckpointManager) -> Any:
-    """The manager's gloo group for checkpoint collectives (created collectively, once)."""
-    g = getattr(mgr, "_dcp_group", None)
-    if g is None:
-        g = dist.new_group(backend="gloo")
-        mgr._dcp_group = g  # type: ignore[attr-defined]
-    return g
+def _group(mgr: CheckpointManager, control: bool = False) -> Any:
+    """The manager's gloo groups (created collectively, once): one for the DCP collectives of
+    the background save, one for the caller thread's small agreements (``on_busy``), so two
+    threads never issue collectives on the same group."""
+    groups = getattr(mgr, "_dcp_groups", None)
+    if groups is None:
+        groups = mgr._dcp_groups = (dist.new_group(backend="gloo"), dist.new_group(backend="gloo"))  # type: ignore[attr-defined]
+    return groups[1] if control else groups[0]
+
+
+def settle(mgr: CheckpointManager) -> None:
+    """Wait for this rank's in-flight save (its errors stay queued for the next call)."""
+    with mgr._lock:
+        busy = mgr._inflight
+    if busy is not None:
+        try:
+            busy[1].result()
+        except BaseException:  # noqa: BLE001 - reported by the manager at its next call
+            pass
 
 
 class _Stager:
@@ -68,7 +80,7 @@ def save_distributed(mgr: CheckpointManager, step: int, kind: str, state: Any, m
     with mgr._lock:
         busy = mgr._inflight
     flag = torch.tensor([1 if busy is not None and not busy[1].done() else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=g)  # every rank takes the same decision
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_group(mgr, control=True))  # one decision for all ranks
     if flag.item() and mgr.policy.on_busy == "skip":
         msg = f"checkpoint step {step} skipped: a previous save is still running on some rank (on_busy='skip')"
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
@@ -128,7 +140,15 @@ def _write(mgr: CheckpointManager, writer: StorageWriter, staged: dict, step: in
 def load_dcp(mgr: CheckpointManager, m: mf.Manifest, into: Any) -> Any:
     """Load DCP checkpoint ``m`` into ``into`` (in place) or, without a target, as full tensors."""
     distributed = in_distributed_job()
-    group = _group(mgr) if distributed else None
+    group = None
+    if distributed:
+        settle(mgr)  # the save group must be idle: one thread of collectives at a time
+        group = _group(mgr)
+        steps = torch.tensor([m.step, -m.step], dtype=torch.int64)
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=_group(mgr, control=True))
+        if steps[0].item() != -steps[1].item():  # never load different checkpoints on different ranks
+            raise ConfigError(f"ranks chose different checkpoints to restore (steps {-steps[1].item()}.."
+                              f"{steps[0].item()}); was a save committed by another job while restoring?")
     reader = StorageReader(mgr.store, mgr.job, m.step, workers=mgr.read_workers)
     if into is not None and not isinstance(into, dict):
         raise ConfigError(f"restore_into a distributed checkpoint needs a dict state, got {type(into).__name__}")
@@ -165,4 +185,4 @@ def _load_error(exc: BaseException, step: int) -> BaseException:
     return DistributedError(msg)
 
 
-__all__ = ["in_distributed_job", "save_distributed", "load_dcp"]
+__all__ = ["in_distributed_job", "save_distributed", "load_dcp", "settle"]
