@@ -109,21 +109,37 @@ def lease_disabled():
 
 
 def bench_lease(url: str, opts: dict, saves: int, reps: int, label: str) -> None:
+    """Two managers side by side; every save alternates between with and without the lease."""
     state = {"w": np.random.default_rng(1).standard_normal(1 << 16).astype(np.float32)}
-    on, off = [], []
-    for r in range(reps):
-        for mode in ("on", "off"):
-            job = f"lease-{mode}-{r}-{uuid.uuid4().hex[:6]}"
-            ctx = lease_disabled() if mode == "off" else contextlib.nullcontext()
-            with ctx, CheckpointManager(open_store(url, **opts), job, CheckpointPolicy(full_every=1, incremental_every=None),
-                                        options=WriteOptions(nice=0)) as mgr:
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    orig = gcmod.commit_lease
+    with lease_disabled():
+        off_impl = gcmod.commit_lease
+    policy = CheckpointPolicy(full_every=1, incremental_every=None)
+    tag = uuid.uuid4().hex[:6]
+    with CheckpointManager(open_store(url, **opts), f"on-{tag}", policy, options=WriteOptions(nice=0)) as on, \
+            CheckpointManager(open_store(url, **opts), f"off-{tag}", policy, options=WriteOptions(nice=0)) as off:
+        for i in range(saves * reps):
+            for mode, mgr in (("on", on), ("off", off)) if i % 2 else (("off", off), ("on", on)):
+                gcmod.commit_lease = orig if mode == "on" else off_impl
+                state["w"][0] = i + (0.5 if mode == "on" else 0.0)  # one new chunk per save
                 t = time.perf_counter()
-                for step in range(saves):
-                    state["w"][0] = step  # one changed chunk per save
-                    mgr.save(step, state, blocking=True)
-                (on if mode == "on" else off).append((time.perf_counter() - t) / saves)
-    print(f"  {label}: save with gc lease {med(on) * 1e3:.1f} ms, without {med(off) * 1e3:.1f} ms "
-          f"(+{(med(on) - med(off)) * 1e3:.1f} ms, {med(on) / med(off):.2f}x)")
+                mgr.save(i, state, blocking=True)
+                times[mode].append(time.perf_counter() - t)
+    gcmod.commit_lease = orig
+    a, b = med(times["on"]), med(times["off"])
+    print(f"  {label}: {len(times['on'])} saves each, median with gc lease {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms "
+          f"({(a - b) * 1e3:+.1f} ms, {a / b:.2f}x)")
+    store = open_store(url, **opts)
+    m = mf.load_manifest(store, f"on-{tag}", 0)
+    cs = ChunkStore(store)
+    lease = []
+    for _ in range(saves * reps):
+        t = time.perf_counter()
+        with gcmod.commit_lease(store, cs, m, None, time.time()):
+            pass
+        lease.append(time.perf_counter() - t)
+    print(f"  {label}: the lease alone (put, marker listing, delete; no sweep running): {med(lease) * 1e3:.2f} ms")
 
 
 def bench_tiering(url: str, opts: dict, mib: int, reps: int) -> None:
@@ -155,21 +171,27 @@ def bench_tiering(url: str, opts: dict, mib: int, reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--parts", default="abc", help="which parts to run (a: gc, b: lease, c: tiering)")
     a = ap.parse_args()
     chunks, reps, mib = (2048, 1, 8) if a.quick else (16384, 3, 64)
     print(f"lifecycle benchmark ({'quick' if a.quick else 'full'}), cpus={os.cpu_count()}, load={os.getloadavg()[0]:.1f}")
-    bench_gc(chunks, reps)
+    if "a" in a.parts:
+        bench_gc(chunks, reps)
+    if not set(a.parts) & {"b", "c"}:
+        return
     server = start_s3_server()
     try:
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
         server.create_bucket(bucket)
         url, opts = f"s3://{bucket}/lc", server.options()
-        print(f"\n(b) gc lease cost per save (256 KiB state, one new chunk per save), {reps} interleaved reps")
-        local = tempfile.mkdtemp(prefix="lc-lease-")
-        bench_lease(local, {}, 10 if a.quick else 30, reps, "local dir")
-        bench_lease(url, opts, 5 if a.quick else 15, reps, "S3 (moto)")
-        shutil.rmtree(local)
-        bench_tiering(url, opts, mib, reps)
+        if "b" in a.parts:
+            print("\n(b) gc lease cost per save (256 KiB state, one new chunk per save), saves alternating")
+            local = tempfile.mkdtemp(prefix="lc-lease-")
+            bench_lease(local, {}, 10 if a.quick else 30, reps, "local dir")
+            bench_lease(url, opts, 5 if a.quick else 15, reps, "S3 (moto)")
+            shutil.rmtree(local)
+        if "c" in a.parts:
+            bench_tiering(url, opts, mib, reps)
     finally:
         server.stop()
 

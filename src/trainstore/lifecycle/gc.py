@@ -328,6 +328,24 @@ _knowledge_lock = threading.Lock()
 KNOWLEDGE_MAX_AGE_S = 86400.0
 
 
+_fast: weakref.WeakKeyDictionary[Store, Store] = weakref.WeakKeyDictionary()
+
+
+def _lease_store(store: Store) -> Store:
+    """Where lease objects are written: a lease needs to be *visible* to sweeps, not durable
+    (after a crash the save either committed - the manifest protects its chunks - or did not),
+    so a local store writes them without fsync (0.2 ms instead of a few ms per save)."""
+    from ..store.local import LocalStore
+
+    if not isinstance(store, LocalStore) or not store.fsync:
+        return store
+    with _knowledge_lock:
+        fast = _fast.get(store)
+        if fast is None:
+            fast = _fast[store] = LocalStore(store.root, fsync=False)
+        return fast
+
+
 def _gc_stores(store: Store) -> tuple[list[Store], list[Store]]:
     """(stores to lease in and watch for sweeps, stores whose lease is dropped at commit)."""
     fn = getattr(store, "gc_stores", None)
@@ -361,7 +379,7 @@ def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
     lease_key = f"{LEASES}{manifest.job}-{manifest.step:012d}-{uuid.uuid4().hex[:12]}.json"
     body = {"job": manifest.job, "step": manifest.step, "created": t, "expires": t + 86400.0, "chunks": keys}
     for s in stores:
-        _put_json(s, lease_key, body)  # (a)
+        _put_json(_lease_store(s), lease_key, body)  # (a)
     ok = False
     try:
         with _knowledge_lock:
