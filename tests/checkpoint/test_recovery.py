@@ -107,58 +107,81 @@ def test_verify_reports_and_records(tmp_path):
     mgr.close()
 
 
-_CHILD = textwrap.dedent("""
-    import sys, torch
+# A zygote process imports torch and trainstore once (seconds on a loaded machine), then forks one
+# fresh saving process per round; each forked process is SIGKILLed while it saves. The zygote
+# itself never saves and starts no threads, so forking it is safe.
+_ZYGOTE = textwrap.dedent("""
+    import os, sys, torch
     from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
     from trainstore.checkpoint.writer import WriteOptions
+
+    def saver(root):
+        mgr = CheckpointManager(root, job="kill", policy=CheckpointPolicy(full_every=3, incremental_every=1),
+                                options=WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2))
+        latest = mgr.latest_step()
+        start = 0 if latest is None else latest + 1
+        for step in range(start, start + 1000):
+            w = torch.full((20000,), float(step))
+            mgr.save(step, {"w": w, "step": step})
+            mgr.wait()
+            os.write(1, f"{step}\\n".encode())
+        os._exit(0)
+
     root = sys.argv[1]
-    sys.stdin.readline()  # imports are done before the go signal (spawned ahead of time)
-    mgr = CheckpointManager(root, job="kill", policy=CheckpointPolicy(full_every=3, incremental_every=1),
-                            options=WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2))
-    latest = mgr.latest_step()
-    start = 0 if latest is None else latest + 1
-    for step in range(start, start + 1000):
-        w = torch.full((20000,), float(step))
-        mgr.save(step, {"w": w, "step": step})
-        mgr.wait()
-        print(step, flush=True)
+    print("ready", flush=True)
+    for cmd in sys.stdin:
+        if cmd.strip() != "go":
+            break
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            os.read(r, 1)  # start only after the parent was told our pid
+            try:
+                saver(root)
+            finally:
+                os._exit(1)
+        os.close(r)
+        print(f"pid {pid}", flush=True)
+        os.write(w, b"x")
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {status}", flush=True)
 """)
 
 KILL_REPS = 20
 LANES = 2  # independent stores killed concurrently: 2 x 10 real SIGKILLs of a saving process
 
 
-def _spawn(root: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.Popen([sys.executable, "-c", _CHILD, root], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, text=True)
-
-
 def _kill_lane(root: str, reps: int, seed: int) -> int:
-    """``reps`` times: start a saving child (spawned ahead, so its imports overlap the previous
-    round), SIGKILL it at a random point, then check that only complete checkpoints are
-    visible and that the newest one restores. Returns the rounds done."""
+    """``reps`` times: fork a fresh saving process, SIGKILL it at a random point during its
+    saves, then check that only complete checkpoints are visible and that the newest one
+    restores. Returns the rounds done."""
     rng = random.Random(seed)
     acknowledged = -1
-    nxt = _spawn(root)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    zygote = subprocess.Popen([sys.executable, "-c", _ZYGOTE, root], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=env, text=True)
     done = 0
     try:
-        for rep in range(reps):
-            proc, nxt = nxt, None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            # wait until the child acknowledges its first step, then kill at a random point
-            line = proc.stdout.readline()
-            if line.strip():
-                acknowledged = max(acknowledged, int(line))
+        assert zygote.stdout.readline().strip() == "ready"
+        for _ in range(reps):
+            zygote.stdin.write("go\n")
+            zygote.stdin.flush()
+            head, pid = zygote.stdout.readline().split()
+            assert head == "pid"
+            # wait until the saver acknowledges its first step, then kill it at a random point
+            line = zygote.stdout.readline()
+            acknowledged = max(acknowledged, int(line))
             time.sleep(rng.uniform(0.0, 0.2))
-            proc.send_signal(signal.SIGKILL)
-            out, _ = proc.communicate()
-            assert proc.returncode == -signal.SIGKILL
-            for line in out.split():
+            os.kill(int(pid), signal.SIGKILL)
+            while True:
+                line = zygote.stdout.readline()
+                if line.startswith("exit"):
+                    status = int(line.split()[1])
+                    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+                    break
                 acknowledged = max(acknowledged, int(line))
-            if rep + 1 < reps:
-                nxt = _spawn(root)  # imports while this round is checked
             done += 1
             with CheckpointManager(root, job="kill", options=SMALL) as mgr:
                 steps = mgr.steps()
@@ -169,9 +192,12 @@ def _kill_lane(root: str, reps: int, seed: int) -> int:
         with CheckpointManager(root, job="kill", options=SMALL) as mgr:
             assert all(r.ok for r in mgr.verify(deep=True))
     finally:
-        if nxt is not None:
-            nxt.kill()
-            nxt.communicate()
+        zygote.stdin.close()
+        try:
+            zygote.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            zygote.kill()
+            zygote.wait()
     return done
 
 
