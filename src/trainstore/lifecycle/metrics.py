@@ -121,9 +121,10 @@ class CheckpointMetrics:
             self.bytes.labels(job, f.get("tier", "durable"), "stored").inc(f.get("copied_bytes", 0))
             add.update(durable_copies=1, durable_seconds=f["since_created"])
         if add:
-            self._persist(job, add)
+            # save_staged runs on the training loop's thread: count it, write with the next event
+            self._persist(job, add, write=event != "save_staged")
 
-    def _persist(self, job: str, add: dict[str, float]) -> None:
+    def _persist(self, job: str, add: dict[str, float], write: bool = True) -> None:
         if not self.persist:
             return
         with self._lock:
@@ -133,6 +134,8 @@ class CheckpointMetrics:
             now = time.time()
             st.first = st.first or now
             st.last = now
+            if not write:
+                return
             body = json.dumps({"process": self._id, "job": job, "first": st.first, "last": st.last,
                                "counters": st.counters}).encode()
             try:
