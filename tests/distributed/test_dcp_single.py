@@ -89,3 +89,29 @@ def test_older_call_forms_and_step_checks(tmp_path):
     r = StorageReader(str(tmp_path), "j")
     r.reset()
     assert StorageReader.validate_checkpoint_id("j@5") and not StorageReader.validate_checkpoint_id(None)
+
+
+def test_items_are_written_in_bounded_groups_and_base_cache_serves_incrementals(tmp_path, monkeypatch):
+    import trainstore.dcp.writer as writer_mod
+    from trainstore.dcp import BaseCache
+
+    monkeypatch.setattr(writer_mod, "GROUP_BYTES", 8000)  # w (8448 B) and b (10 B) in separate groups
+    groups = writer_mod._item_groups
+    calls = []
+    monkeypatch.setattr(writer_mod, "_item_groups", lambda items, limit: calls.append(g := groups(items, limit)) or g)
+    root, cache = str(tmp_path), BaseCache()
+    dcp.save(state(1), storage_writer=StorageWriter(root, "j", options=SMALL, base_cache=cache), checkpoint_id=1,
+             no_dist=True)
+    assert len(calls[0]) >= 2
+    nxt = state(1)
+    nxt["model"]["w"][3:5] += 1e-3
+    w = StorageWriter(root, "j", kind="incremental", options=SMALL, base_cache=cache)
+    store = open_store(root)
+    before = {m.key for m in store.list("chunks/")}
+    dcp.save(nxt, storage_writer=w, checkpoint_id=2, no_dist=True)
+    pieces = [c for t in w.last_manifest.tensors.values() for c in t.chunks]
+    assert sum(c.is_delta for c in pieces) == 1 and sum(c.same_as_base for c in pieces) == len(pieces) - 1
+    assert len({m.key for m in store.list("chunks/")} - before) == 1  # only the changed piece's delta
+    out = empty()
+    dcp.load(out, storage_reader=StorageReader(root, "j"), no_dist=True)
+    assert same(out, nxt)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 import uuid
@@ -37,7 +38,7 @@ from torch.futures import Future
 
 from ..checkpoint import manifest as mf
 from ..checkpoint.manifest import ChunkEntry, Manifest, TensorEntry
-from ..checkpoint.writer import WriteOptions, write_tensors
+from ..checkpoint.writer import WriteOptions, WriteStats, write_tensors
 from ..chunks import ChunkStore
 from ..codecs import CodecConfig
 from ..errors import AlreadyExistsError, ConfigError, ManifestError, TrainstoreError
@@ -79,21 +80,46 @@ class BaseCache:
         self.job: str | None = None
         self.step: int | None = None
         self._bufs: dict[str, np.ndarray] = {}
+        self._spare: dict[str, np.ndarray] = {}
 
-    def keep(self, job: str, step: int | None, staged: list) -> None:
-        bufs = {}
+    def start(self, job: str, step: int | None) -> None:
+        """A new full checkpoint begins: forget the old base (its buffers are reused)."""
+        self._spare, self._bufs = {**self._spare, **self._bufs}, {}
+        self.job, self.step = job, step
+
+    def add(self, staged: list) -> None:
         for st in staged:
-            buf = self._bufs.get(st.name)
+            buf = self._spare.pop(st.name, None)
             if buf is None or buf.nbytes != st.data.nbytes:
                 buf = np.empty(st.data.nbytes, dtype=np.uint8)
             np.copyto(buf, np.frombuffer(st.data, dtype=np.uint8))
-            bufs[st.name] = buf
-        self.job, self.step, self._bufs = job, step, bufs
+            self._bufs[st.name] = buf
 
     def views(self, job: str, step: int) -> dict[str, memoryview]:
         if job != self.job or step != self.step:
             return {}
         return {n: memoryview(b) for n, b in self._bufs.items()}
+
+
+#: items resolved (and, for device tensors, copied to host) per write_tensors call
+GROUP_BYTES = 1 << 30
+
+
+def _item_groups(items: list, limit: int) -> list[list]:
+    """Consecutive groups of write items whose tensors add up to about ``limit`` bytes."""
+    groups: list[list] = [[]]
+    size = 0
+    for item in items:
+        td = getattr(item, "tensor_data", None)
+        n = 0
+        if td is not None:
+            n = math.prod(td.chunk.sizes) * td.properties.dtype.itemsize
+        if groups[-1] and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += n
+    return groups
 
 
 def _open(store: str | Store, options: dict | None) -> Store:
@@ -228,22 +254,35 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         base_step = decision.get("base_step")
         base = mf.load_manifest(self.store, self.job, base_step) if base_step is not None else None
         chunks = self._chunk_store()
-        keep: list[Any] = []
-        staged, pending = [], []
-        for item in plan.items:
-            if item.type == WriteItemType.BYTE_IO:
-                skeleton, leaves = stage_value(item.index, lookup_value(planner, item), keep)
-                staged.extend(leaves)
-                pending.append((item, {"object": skeleton, "names": [s.name for s in leaves]}))
-            else:
-                name = shard_name(item.index)
-                st = stage_tensor(name, planner.resolve_data(item), keep)  # type: ignore[arg-type]
-                staged.append(st)
-                pending.append((item, {"tensor": name, "names": [name], "size": st.data.nbytes}))
         lookup = self._lookup(chunks, base) if base is not None else None
-        entries, stats = write_tensors(chunks, staged, self.options, lookup)
-        if self.base_cache is not None and decision.get("kind") == "full":
-            self.base_cache.keep(self.job, decision.get("step"), staged)
+        caching = self.base_cache is not None and decision.get("kind") == "full"
+        if caching:
+            self.base_cache.start(self.job, decision.get("step"))  # type: ignore[union-attr]
+        entries: dict[str, TensorEntry] = {}
+        stats = WriteStats()
+        pending = []
+        for group in _item_groups(plan.items, GROUP_BYTES):
+            # items are resolved group by group: device tensors are copied to host lazily,
+            # at most ~GROUP_BYTES at a time (DCP: "call resolve_data lazily")
+            keep: list[Any] = []
+            staged = []
+            for item in group:
+                if item.type == WriteItemType.BYTE_IO:
+                    skeleton, leaves = stage_value(item.index, lookup_value(planner, item), keep)
+                    staged.extend(leaves)
+                    pending.append((item, {"object": skeleton, "names": [s.name for s in leaves]}))
+                else:
+                    name = shard_name(item.index)
+                    st = stage_tensor(name, planner.resolve_data(item), keep)  # type: ignore[arg-type]
+                    staged.append(st)
+                    pending.append((item, {"tensor": name, "names": [name]}))
+            group_entries, group_stats = write_tensors(chunks, staged, self.options, lookup)
+            entries.update(group_entries)
+            for f in dataclasses.fields(WriteStats):
+                setattr(stats, f.name, getattr(stats, f.name) + getattr(group_stats, f.name))
+            if caching:
+                self.base_cache.add(staged)  # type: ignore[union-attr]
+            del keep, staged
         results = []
         for i, (item, info) in enumerate(pending):
             names = info.pop("names")
@@ -252,7 +291,6 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                 sd["stats"] = dataclasses.asdict(stats)
             size = sum(entries[n].nbytes for n in names)
             results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=sd))
-        del keep
         mark_written(decision.get("save_id"), self.rank)
         return results
 
