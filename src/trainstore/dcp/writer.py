@@ -65,9 +65,20 @@ def stage_state_dict(state_dict: dict[str, Any], holder: Any) -> dict[str, Any]:
         return BlockingAsyncStager.stage(holder, state_dict)
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-    if holder.state_dict_cache is None:
+    sig = _layout(state_dict)
+    if holder.state_dict_cache is None or getattr(holder, "_layout", None) != sig:
+        # first save, or the state changed shape (e.g. optimizer state appeared): new buffers
         holder.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        holder._layout = sig
     return _copy_state_dict(state_dict, holder.state_dict_cache)
+
+
+def _layout(state_dict: dict[str, Any]) -> Any:
+    """Structure + tensor shapes/dtypes of a state dict (when equal, cached buffers fit)."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten(state_dict)
+    return spec, [(type(x), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
 class BaseCache:
