@@ -289,10 +289,12 @@ def main() -> None:
     torch.set_num_threads(2)
     root = tempfile.mkdtemp(prefix="ts-ckpt-bench-", dir=args.dir)
     try:
-        print(f"trainstore checkpoint benchmark: torch {torch.__version__}, {os.cpu_count()} CPUs, dir {root}")
+        print(f"trainstore checkpoint benchmark: torch {torch.__version__}, {os.cpu_count()} CPUs, dir {root}, "
+              f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         os.makedirs(os.path.join(root, "cmp"), exist_ok=True)
         bench_tensors(gib, repeats, root)
         bench_gpt(args.quick, repeats, root)
+        print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
