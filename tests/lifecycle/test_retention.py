@@ -151,3 +151,20 @@ def test_hook_runs_after_each_save(tmp_path):
         for step in range(5):
             mgr.save(step, {"w": np.full(1000, step, np.float32)}, blocking=True)
         assert mgr.steps() == [3, 4]
+
+
+def test_manifest_cache_reads_each_manifest_once(store, monkeypatch):
+    from trainstore.lifecycle import retention as rt
+
+    for s in range(1, 6):
+        make_ckpt(store, "j", s, created=NOW)
+    reads = []
+    orig = rt.mf.load_manifest
+    monkeypatch.setattr(rt.mf, "load_manifest", lambda st, job, step: reads.append(step) or orig(st, job, step))
+    cache: dict = {}
+    apply_retention(store, "j", RetentionPolicy(keep_last=3), now=NOW, cache=cache)
+    assert sorted(reads) == [1, 2, 3, 4, 5]
+    make_ckpt(store, "j", 6, created=NOW)
+    plan = apply_retention(store, "j", RetentionPolicy(keep_last=3), now=NOW, cache=cache)
+    assert sorted(reads) == [1, 2, 3, 4, 5, 6] and [d.step for d in plan.kept] == [4, 5, 6]
+    assert {4, 5, 6} <= {k[0] for k in cache} <= {3, 4, 5, 6}  # pruned at the next listing

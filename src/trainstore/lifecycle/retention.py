@@ -187,22 +187,47 @@ def _registered_steps(store: Store, job: str) -> dict[int, str]:
     return Registry(store).protected_steps(job)
 
 
+ManifestCache = dict  # (step, etag, size) -> Manifest: committed manifests never change in place
+
+
+def _load_manifests(store: Store, job: str, cache: ManifestCache | None) -> tuple[list[mf.Manifest], list[int]]:
+    """Every readable manifest of ``job`` (one listing; reads only those not in ``cache``)."""
+    prefix = mf.checkpoints_prefix(job)
+    metas = {}
+    for meta in store.list(prefix):
+        parts = meta.key[len(prefix):].split("/")
+        if len(parts) == 2 and parts[1] == mf.MANIFEST_NAME and len(parts[0]) == mf.STEP_DIGITS and parts[0].isdigit():
+            metas[int(parts[0])] = meta
+    manifests, unreadable = [], []
+    fresh = {}
+    for step in sorted(metas):
+        ident = (step, metas[step].etag, metas[step].size)
+        m = cache.get(ident) if cache is not None else None
+        if m is None:
+            try:
+                m = mf.load_manifest(store, job, step)
+            except NotFoundError:
+                continue
+            except StoreUnavailableError:
+                raise
+            except ManifestError:
+                unreadable.append(step)
+                continue
+        fresh[ident] = m
+        manifests.append(m)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
+    return manifests, unreadable
+
+
 def plan_retention(store: Store, job: str, policy: RetentionPolicy, *, now: float | None = None,
-                   protected: dict[int, str] | None = None) -> RetentionPlan:
+                   protected: dict[int, str] | None = None, cache: ManifestCache | None = None) -> RetentionPlan:
     """Decide what ``policy`` keeps of ``job`` (nothing is deleted). ``ConfigError`` if it
-    would delete every checkpoint (unless ``policy.allow_delete_all``)."""
+    would delete every checkpoint (unless ``policy.allow_delete_all``). ``cache`` (a dict kept
+    by the caller) avoids re-reading manifests on every run."""
     now = time.time() if now is None else float(now)
-    manifests: list[mf.Manifest] = []
-    unreadable: list[int] = []
-    for step in mf.list_steps(store, job):
-        try:
-            manifests.append(mf.load_manifest(store, job, step))
-        except NotFoundError:
-            continue
-        except StoreUnavailableError:
-            raise
-        except ManifestError:
-            unreadable.append(step)
+    manifests, unreadable = _load_manifests(store, job, cache)
     if protected is None:
         protected = _registered_steps(store, job) if policy.keep_registered else {}
     reasons: dict[int, list[str]] = {m.step: [] for m in manifests}
@@ -284,9 +309,10 @@ def delete_checkpoint(store: Store, job: str, step: int) -> int:
 
 def apply_retention(store: Store, job: str, policy: RetentionPolicy, *, dry_run: bool = False,
                     now: float | None = None, protected: dict[int, str] | None = None,
-                    on_delete: Callable[[Decision], Any] | None = None) -> RetentionPlan:
+                    on_delete: Callable[[Decision], Any] | None = None,
+                    cache: ManifestCache | None = None) -> RetentionPlan:
     """Plan, then (unless ``dry_run``) delete what the plan drops. Returns the plan."""
-    plan = plan_retention(store, job, policy, now=now, protected=protected)
+    plan = plan_retention(store, job, policy, now=now, protected=protected, cache=cache)
     if dry_run:
         return plan
     for d in plan.deleted:
@@ -307,8 +333,10 @@ def apply_retention(store: Store, job: str, policy: RetentionPolicy, *, dry_run:
 def retention_hook(policy: RetentionPolicy) -> Callable[[Any, Any], None]:
     """A ``CheckpointManager`` hook applying ``policy`` after each committed save."""
 
+    cache: ManifestCache = {}  # manifests read by earlier runs (one listing per save, not one read per checkpoint)
+
     def hook(info: Any, manager: Any) -> None:
-        apply_retention(manager.store, manager.job, policy)
+        apply_retention(manager.store, manager.job, policy, cache=cache)
 
     hook.__name__ = f"retention({policy.describe()})"
     return hook
