@@ -78,12 +78,14 @@ def rank_main(rank: int, world: int, args: dict) -> dict:
     from trainstore.checkpoint.writer import WriteOptions
     from trainstore.dcp import BaseCache
 
-    raw_full = WriteOptions(codec="raw", nice=0)  # speed-first: full pieces stored raw, deltas compressed
-    caches = {"ts": BaseCache(), "ts-raw": BaseCache()}  # incrementals XOR against the base in memory
+    # bytes-first: full pieces shuffle-zstd (the default stores them shuffle-lz4, or raw when a
+    # sample shows lz4 saves under 10%, as for fresh float32 weights); deltas shuffle-zstd in both
+    zstd_full = WriteOptions(codec="shuffle-zstd")
+    caches = {"ts": BaseCache(), "ts-zstd": BaseCache()}  # incrementals XOR against the base in memory
     writers = {
         "ts": lambda path, step, kind="full": StorageWriter(path, "bench", step, kind=kind, base_cache=caches["ts"]),
-        "ts-raw": lambda path, step, kind="full": StorageWriter(path, "bench", step, kind=kind, options=raw_full,
-                                                               base_cache=caches["ts-raw"]),
+        "ts-zstd": lambda path, step, kind="full": StorageWriter(path, "bench", step, kind=kind, options=zstd_full,
+                                                               base_cache=caches["ts-zstd"]),
         "fs": lambda path, step, kind="full": dcp.FileSystemWriter(path),
     }
     # async_save: fresh host copy per save (both writers' default), and trainstore with the
@@ -91,7 +93,7 @@ def rank_main(rank: int, world: int, args: dict) -> dict:
     cached_writer = StorageWriter(os.path.join(root, "ats-cached"), "bench", cache_staged_state_dict=True)
     async_writers = {"ts": lambda path: StorageWriter(path, "bench"), "fs": lambda path: dcp.FileSystemWriter(path),
                      "ts-cached": lambda path: cached_writer}
-    readers = {"ts": lambda path: StorageReader(path, "bench"), "ts-raw": lambda path: StorageReader(path, "bench"),
+    readers = {"ts": lambda path: StorageReader(path, "bench"), "ts-zstd": lambda path: StorageReader(path, "bench"),
                "fs": lambda path: dcp.FileSystemReader(path)}
     names = list(writers)
     res: dict[str, list[float]] = {f"{w}_{m}": [] for w in names for m in ("save", "load")}
@@ -179,28 +181,28 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in out["times"].items()}
     sz = out["sizes"]
     print(f"# 2 ranks x {mib} MiB float32, {repeats} interleaved repeats (medians), {time.time() - t0:.0f} s total")
-    print("| measure | trainstore.dcp (default) | trainstore.dcp (raw full) | FileSystemWriter/Reader | "
-          "default / FS | raw full / FS |")
+    print("| measure | trainstore.dcp (default) | trainstore.dcp (zstd full) | FileSystemWriter/Reader | "
+          "default / FS | zstd full / FS |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for label, m in [("full save (dcp.save) s", "save"), ("load (dcp.load) s", "load")]:
-        a, b, c = med[f"ts_{m}"], med[f"ts-raw_{m}"], med[f"fs_{m}"]
+        a, b, c = med[f"ts_{m}"], med[f"ts-zstd_{m}"], med[f"fs_{m}"]
         print(f"| {label} | {a:.3f} | {b:.3f} | {c:.3f} | {a / c:.2f}x | {b / c:.2f}x |")
     for label, m in [("async_save blocking s", "async_block"), ("async_save to durable s", "async_durable")]:
         a, b, c = med[f"ts_{m}"], med[f"ts-cached_{m}"], med[f"fs_{m}"]
         print(f"| {label} (2nd column: cached staging) | {a:.3f} | {b:.3f} | {c:.3f} | {a / c:.2f}x | {b / c:.2f}x |")
-    full = {w: statistics.median(v for k, v in sz.items() if k.startswith(f"{w}_full")) for w in ("ts", "ts-raw", "fs")}
-    print(f"| bytes of one full checkpoint (MiB) | {full['ts'] / 2**20:.0f} | {full['ts-raw'] / 2**20:.0f} | "
-          f"{full['fs'] / 2**20:.0f} | {full['ts'] / full['fs']:.2f}x | {full['ts-raw'] / full['fs']:.2f}x |")
+    full = {w: statistics.median(v for k, v in sz.items() if k.startswith(f"{w}_full")) for w in ("ts", "ts-zstd", "fs")}
+    print(f"| bytes of one full checkpoint (MiB) | {full['ts'] / 2**20:.0f} | {full['ts-zstd'] / 2**20:.0f} | "
+          f"{full['fs'] / 2**20:.0f} | {full['ts'] / full['fs']:.2f}x | {full['ts-zstd'] / full['fs']:.2f}x |")
     for scale in scales:
-        a, b, c = (sz[f"run_{w}_{scale}_5"] for w in ("ts", "ts-raw", "fs"))
+        a, b, c = (sz[f"run_{w}_{scale}_5"] for w in ("ts", "ts-zstd", "fs"))
         print(f"| bytes after 5 saves, step {scale:g} (MiB) | {a / 2**20:.0f} | {b / 2**20:.0f} | {c / 2**20:.0f} | "
               f"{a / c:.2f}x | {b / c:.2f}x |")
     for scale in scales:
         added = [(sz[f"run_ts_{scale}_{s}"] - sz.get(f"run_ts_{scale}_{s - 1}", 0)) / 2**20 for s in range(1, 6)]
         print(f"step {scale:g}: trainstore (default) MiB added per save: " + ", ".join(f"{x:.0f}" for x in added)
-              + "; save s (default/raw full/FS): " + ", ".join(
+              + "; save s (default/zstd full/FS): " + ", ".join(
                   f"{x:.2f}/{y:.2f}/{z:.2f}" for x, y, z in zip(*(out['run_times'][f'{w}_{scale}']
-                                                                   for w in ("ts", "ts-raw", "fs")))))
+                                                                   for w in ("ts", "ts-zstd", "fs")))))
     print(json.dumps({"medians": med, "sizes": sz, "run_times": out["run_times"]}))
 
 
