@@ -7,7 +7,8 @@ Two real ranks (gloo on 127.0.0.1, one process each). Each rank holds 512 MiB of
 weights (8 tensors, N(0, 0.02)), the local shards of Shard(0) DTensors. In the same run,
 interleaved (order alternates per repeat), medians reported:
 
-1. full save with ``dcp.save``: ``trainstore.dcp.StorageWriter`` (local directory store) vs
+1. full save with ``dcp.save``: ``trainstore.dcp.StorageWriter`` (local directory store;
+   default options, and ``WriteOptions(codec="shuffle-zstd")`` for full pieces) vs
    ``FileSystemWriter`` (torch's default, fsync on). Before each repeat one element per 4 KiB
    changes, so no repeat dedups against the previous one.
 2. load with ``dcp.load`` into preallocated tensors: ``StorageReader`` (decodes and BLAKE3-
