@@ -60,7 +60,7 @@ def record(name: str, **figures: object) -> None:
 
 @pytest.fixture
 def small_fs(tmp_path):
-    """A 4 MiB filesystem (tmpfs mounted here when running as root), else None: tests then
+    """An 8 MiB filesystem (tmpfs mounted here when running as root), else None: tests then
     fall back to a per-process file-size limit (RLIMIT_FSIZE) in a subprocess."""
     import os
     import subprocess
@@ -70,7 +70,7 @@ def small_fs(tmp_path):
     if os.geteuid() != 0 or os.environ.get("TRAINSTORE_TEST_NO_TMPFS"):
         yield None
         return
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True)
     if res.returncode != 0:
         yield None
         return

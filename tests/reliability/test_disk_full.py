@@ -26,7 +26,7 @@ def _check_full(root: str) -> None:
     store.put("keep/a.bin", b"a" * 1_000_000)
     store.put_if_absent("manifests/000001.json", b'{"step": 1}')
     before = _files(root)
-    big = os.urandom(8 << 20)
+    big = os.urandom(12 << 20)
     with pytest.raises(CapacityError) as info:
         store.put("chunks/big.bin", big)
     assert "chunks/big.bin" in str(info.value)
