@@ -254,3 +254,32 @@ def test_credentials_never_leak(s3_server, caplog, tmp_path, monkeypatch):
     texts.append(caplog.text)
     leaked = [t for t in texts if SECRET in t or "SuperSecret" in t]
     assert not leaked, leaked[:3]
+
+
+def test_fuzzed_ingest_records(tmp_path):
+    """Random records (types, nesting, keys) into one Ingestor: accepted rows or a
+    TrainstoreError (SchemaError naming the record/field), never another exception."""
+    from trainstore.data.ingest import IngestConfig, Ingestor
+
+    ing = Ingestor(str(tmp_path / "store"), "fuzz", config=IngestConfig(wal_dir=str(tmp_path / "wal")))
+    ing.write([{"id": 1, "text": "a", "score": 0.5}])  # fixes the schema
+    values = st.one_of(nasty_values, json_values, st.binary(max_size=8))
+    records = st.one_of(
+        st.lists(st.dictionaries(st.sampled_from(["id", "text", "score", "extra", ""]), values, max_size=4),
+                 max_size=5),
+        values,
+    )
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(batch=records)
+    def check(batch):
+        try:
+            ing.write(batch)
+        except TrainstoreError:
+            pass
+
+    try:
+        check()
+        ing.commit()
+    finally:
+        ing.close()
