@@ -50,7 +50,8 @@ def manager_failure(rank: int, world: int, args: dict) -> dict:
 def scenarios(root: str) -> list:
     return [("manager_save_restore", manager_save_restore, {"root": root}),
             ("manager_failure", manager_failure, {"root": root}),
-            ("manager_fsdp2", manager_fsdp2, {"root": root})]
+            ("manager_fsdp2", manager_fsdp2, {"root": root}),
+            ("manager_corrupt", manager_corrupt, {"root": root})]
 
 
 def manager_fsdp2(rank: int, world: int, args: dict) -> dict:
@@ -91,3 +92,26 @@ def manager_fsdp2(rank: int, world: int, args: dict) -> dict:
     out2 = model2(x)
     mgr.close()
     return {"same_output": bool(torch.equal(out1, out2)), "params": len(expected)}
+
+
+def manager_corrupt(rank: int, world: int, args: dict) -> dict:
+    """A corrupt chunk only rank 1 reads: every rank must fall back to the same older step."""
+    import torch.distributed as dist
+
+    from trainstore.checkpoint import manifest as mf
+    from trainstore.store import open_store
+
+    store = open_store(args["root"])
+    if rank == 0:
+        m = mf.load_manifest(store, "m2", 15)
+        piece = next(c for c in m.tensors["model.w@32,0"].chunks if c.is_delta)  # rank 1's shard of w
+        data = bytearray(store.get(piece.ref.key()))
+        data[len(data) // 2] ^= 0xFF
+        store.put(piece.ref.key(), bytes(data))
+    dist.barrier()
+    mgr = CheckpointManager(store, "m2", CheckpointPolicy(full_every=10, incremental_every=5), options=SMALL)
+    target = make_state(world, zero=True)
+    res = mgr.restore_into(target)
+    check_state(target)  # step 10: the full checkpoint, before the bump
+    mgr.close()
+    return {"restored": res.step, "skipped": [s for s, _ in res.skipped], "reason": res.skipped[0][1][:300]}

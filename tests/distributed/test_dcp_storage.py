@@ -185,3 +185,11 @@ def test_manager_with_fsdp2_model_and_optimizer(jobs):
     m = mf.load_manifest(LocalStore(root), "fsdp", 5)
     assert any(n.startswith("optim.state.") for n in m.tensors)  # AdamW moments, sharded per rank
     assert len({it["rank"] for it in m.metadata["dcp"]["items"]}) == 2
+
+
+def test_manager_restore_falls_back_consistently_when_one_rank_reads_a_corrupt_chunk(jobs):
+    _, _, two = jobs
+    vals = scenario(two, "manager_corrupt")
+    for v in vals:
+        assert v["restored"] == 10 and v["skipped"] == [15], v
+    assert "rank 1" in vals[0]["reason"] and "corrupt" in vals[0]["reason"].lower(), vals[0]
