@@ -45,7 +45,7 @@ class WriteOptions:
     codec: str = "shuffle-lz4"
     delta_codec: str = "shuffle-zstd"
     level: int = 1
-    workers: int = 4
+    workers: int = 8  # more than the cores: hides fsync latency of many small tensors
     codec_threads: int = 1
     max_inflight_bytes: int = 256 << 20
     incompressible_ratio: float = 0.97
