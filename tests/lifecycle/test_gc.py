@@ -223,3 +223,15 @@ def test_heartbeat_lapse_stops_deletion(store):
     assert beat.lapsed and not beat.may_delete()
     with pytest.raises(Exception, match="heartbeat"):
         GcOptions(heartbeat=0)
+
+
+def test_old_markers_expire(store):
+    import json as _json
+
+    import trainstore.lifecycle.gc as gcmod
+
+    old = time.time() - 30 * 86400
+    store.put(gcmod.SWEEPS + "000000000000001-a.json", _json.dumps({"state": "done", "finished": old}).encode())
+    store.put(gcmod.SWEEPS + "000000000000002-b.json", _json.dumps({"state": "running", "deadline": old}).encode())
+    collect_garbage(store, NOGRACE)
+    assert [m["state"] for m in sweep_markers(store)] == ["done"]  # only this sweep's own marker

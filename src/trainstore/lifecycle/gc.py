@@ -295,7 +295,10 @@ def _delete(store: Store, victims: list[tuple[str, int]], opts: GcOptions, beat:
 def _expire_markers(store: Store, now: float, ttl: float) -> None:
     for m in list(store.list(SWEEPS)):
         obj = _load_json(store, m.key)
-        if obj is not None and obj.get("state") == "done" and float(obj.get("finished") or 0) < now - ttl:
+        if obj is None:
+            continue
+        ended = float(obj.get("finished") or 0) if obj.get("state") == "done" else float(obj.get("deadline") or 0)
+        if ended < now - ttl:  # finished long ago, or a crashed sweep's marker whose deadline passed long ago
             store.delete(m.key)
 
 
