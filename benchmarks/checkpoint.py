@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
+from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
 
 
 def fsync_path(path: str) -> None:
@@ -207,7 +208,7 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(h))
 
 
-def bench_gpt(quick: bool, repeats: int, root: str) -> None:
+def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0) -> None:
     torch.manual_seed(0)
     # >= 25M parameters, but few tokens per step (batch 2 x 16): 100 AdamW steps take minutes, not
     # hours, on 2 shared cores. The training loop uses 1 torch thread (2 threads spin against each
@@ -222,7 +223,8 @@ def bench_gpt(quick: bool, repeats: int, root: str) -> None:
     steps, every = (20, 5) if quick else (100, 10)
     data = torch.randint(0, cfg["vocab"], (1024, cfg["ctx"] + 1))
     store_dir = os.path.join(root, "gpt-ts")
-    mgr = CheckpointManager(store_dir, job="gpt", policy=CheckpointPolicy(full_every=steps, incremental_every=every))
+    mgr = CheckpointManager(store_dir, job="gpt", policy=CheckpointPolicy(full_every=steps, incremental_every=every),
+                            options=WriteOptions(nice=nice))
     step_times, busy, blocked = [], [], []
     for step in range(steps + 1):
         busy_now = mgr.pending() is not None
@@ -247,7 +249,8 @@ def bench_gpt(quick: bool, repeats: int, root: str) -> None:
     stored = dir_bytes(store_dir)
     n_ckpt = steps // every + 1
     infos = mgr.list()
-    print(f"\n[(b) GPT {params / 1e6:.1f}M params + AdamW, {steps} steps, checkpoint every {every}]")
+    print(f"\n[(b) GPT {params / 1e6:.1f}M params + AdamW, {steps} steps, checkpoint every {every}, "
+          f"background nice={nice}]")
     print(f"  torch.save size {tsize / 1e6:.1f} MB; {n_ckpt}x = {n_ckpt * tsize / 1e6:.1f} MB")
     print(f"  trainstore stored {stored / 1e6:.1f} MB for {len(infos)} checkpoints = "
           f"{stored / (n_ckpt * tsize):.3f}x of {n_ckpt}x torch.save")
@@ -283,6 +286,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--gib", type=float, default=None)
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir under /tmp)")
+    ap.add_argument("--nice", type=int, default=0, help="WriteOptions.nice for the (b) training run")
+    ap.add_argument("--only-b", action="store_true", help="skip (a) (e.g. to compare --nice settings)")
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     gib = args.gib or (0.125 if args.quick else 2.0)
@@ -292,8 +297,9 @@ def main() -> None:
         print(f"trainstore checkpoint benchmark: torch {torch.__version__}, {os.cpu_count()} CPUs, dir {root}, "
               f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         os.makedirs(os.path.join(root, "cmp"), exist_ok=True)
-        bench_tensors(gib, repeats, root)
-        bench_gpt(args.quick, repeats, root)
+        if not args.only_b:
+            bench_tensors(gib, repeats, root)
+        bench_gpt(args.quick, repeats, root, args.nice)
         print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
