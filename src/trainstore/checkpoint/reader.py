@@ -40,6 +40,9 @@ _tls = threading.local()
 #: Raw chunks are read and hashed in blocks of this size: each block is hashed while it is
 #: still in the CPU cache, instead of a second pass over the whole chunk in memory.
 READ_BLOCK = 1 << 20
+#: blosc2 holds the GIL while it decodes, so pool threads serialize on it; its own block threads
+#: do run in parallel (measured: incremental restore of a 27M GPT + AdamW 0.27 s -> 0.23 s).
+DECODE_THREADS = 2
 
 
 def _get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool = True) -> None:
@@ -85,7 +88,7 @@ def _get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool =
     except OSError as exc:
         raise StoreError(f"I/O error while reading {key!r}: {exc}") from exc
     if ref.codec != "raw":
-        decode(dst, ref.codec, ref.size, key=key, out=out, threads=chunks.codec.threads)
+        decode(dst, ref.codec, ref.size, key=key, out=out, threads=max(chunks.codec.threads, DECODE_THREADS))
     if not verify:
         return
     digest = hasher.hexdigest() if hasher is not None else content_hash(out)
