@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainstore.data.ingest import IngestConfig, Ingestor
-from trainstore.data.transform import transform
+from trainstore.data.transforms import transform
 
 
 def make_table(record_bytes: int, total_bytes: int) -> pa.Table:

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainstore.data.clean import DROP, CleanConfig, clean
+from trainstore.data.cleaning import DROP, CleanConfig, clean
 from trainstore.data.ingest import IngestConfig, Ingestor
-from trainstore.data.transform import transform
+from trainstore.data.transforms import transform
 from trainstore.data.versions import list_versions, load_version, parse_ref, read_shard
 from trainstore.errors import ConfigError, TransformError
 from trainstore.store import open_store
@@ -178,3 +178,18 @@ def test_clean_and_transform_on_s3(tmp_path, s3_url):
     feats = transform(store, cleaned.id, "trainstore.data.features:byte_tokens", fn_kwargs={"length": 4},
                       config=None, workers=1)
     assert [r["n_tokens"] for r in _rows(store, feats)] == [2, 2, 2]
+
+
+def test_package_exports_the_functions_even_after_their_modules_are_imported():
+    """``trainstore.data.clean`` / ``.transform`` are the functions, not same-named modules."""
+    import importlib
+
+    import trainstore.data as data
+
+    importlib.import_module("trainstore.data.cleaning")
+    importlib.import_module("trainstore.data.transforms")
+    assert callable(data.clean) and data.clean is clean
+    assert callable(data.transform) and data.transform is transform
+    from trainstore.data import Loader, clean as clean2, transform as transform2
+
+    assert clean2 is clean and transform2 is transform and isinstance(Loader, type)

@@ -82,7 +82,7 @@ def clean_cmd(
     allow_http: Optional[bool] = HttpOpt,
 ) -> None:
     """Dedup, handle missing values and enforce a schema; failing rows go to quarantine."""
-    from ..data.clean import DROP, CleanConfig, clean
+    from ..data.cleaning import DROP, CleanConfig, clean
     from ..data.versions import load_version, parse_ref
 
     store = open_store(url, **store_options(endpoint, region, allow_http))
@@ -144,7 +144,7 @@ def transform_cmd(
     allow_http: Optional[bool] = HttpOpt,
 ) -> None:
     """Run FN over every shard (resumable) into an Arrow IPC feature dataset."""
-    from ..data.transform import transform
+    from ..data.transforms import transform
 
     try:
         fn_kwargs = json.loads(kwargs)

@@ -9,8 +9,8 @@ from .versions import DatasetVersion, ShardInfo, list_versions, load_version
 
 _LAZY = {
     "Ingestor": "trainstore.data.ingest",
-    "clean": "trainstore.data.clean",
-    "transform": "trainstore.data.transform",
+    "clean": "trainstore.data.cleaning",
+    "transform": "trainstore.data.transforms",
     "Loader": "trainstore.data.loader",
     "Dataset": "trainstore.data.dataset",
 }

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-# Imported from the modules: ``trainstore.data.clean`` / ``.transform`` name both a module and
-# its function, so the package attribute is the module once the module has been imported.
-from ..data.clean import DROP, CleanConfig, clean
+from ..data.cleaning import DROP, CleanConfig, clean
 from ..data.ingest import IngestConfig, Ingestor
-from ..data.transform import TransformConfig, transform
+from ..data.transforms import TransformConfig, transform
 from .context import RunContext
 from .synthetic import RAW_SCHEMA, batches, generate
 
