@@ -159,7 +159,6 @@ def bench_tiering(url: str, opts: dict, mib: int, reps: int) -> None:
         tiers.close()
         shutil.rmtree(hot)
         with CheckpointManager(open_store(f"{url}/direct-{r}", **opts), "run", options=WriteOptions(nice=0)) as mgr:
-            t = time.time()
             mgr.save(0, state, blocking=True)
             direct.append(mgr.manifest(0).created and time.time() - mgr.manifest(0).created)
     print(f"  tiered: created -> restore-ready {med(ready):.2f} s, created -> durable {med(durable):.2f} s")

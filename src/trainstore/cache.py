@@ -35,7 +35,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import blake3
 import filelock
@@ -43,6 +43,7 @@ import filelock
 from .errors import CapacityError, ConfigError, IntegrityError, NotFoundError, StoreError
 from .store import Store, open_store, validate_key
 from .store.base import Buffer
+from .store.local import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +225,7 @@ class HotCache:
         for _attempt in range(8):
             handle = self._try_pin(key, path)
             if handle is not None:
-                if self._hit_ok(handle, checksum, size):
-                    self._touch(path)
-                    with self._mu:
-                        self.stats.hits += 1
-                        self.stats.bytes_read_hits += handle.size
+                if self._count_hit(handle, path, checksum, size):
                     return handle
                 handle.close()
                 with self._mu:
@@ -278,7 +275,7 @@ class HotCache:
                 fcntl.flock(fd, fcntl.LOCK_SH)
                 _write_marker(self._marker(key), key)
                 os.rename(tmp, path)
-                _fsync_dir(os.path.dirname(path))
+                fsync_dir(os.path.dirname(path))
             except BaseException:
                 os.close(fd)
                 _unlink_quiet(tmp)
@@ -369,6 +366,16 @@ class HotCache:
             self._pins.discard(id(handle))
             self._space_freed.notify_all()
 
+    def _count_hit(self, handle: PinnedFile, path: str, checksum: str | None, size: int | None) -> bool:
+        """True (and the hit counted, the file's LRU time refreshed) when the pinned copy is good."""
+        if not self._hit_ok(handle, checksum, size):
+            return False
+        self._touch(path)
+        with self._mu:
+            self.stats.hits += 1
+            self.stats.bytes_read_hits += handle.size
+        return True
+
     def _hit_ok(self, handle: PinnedFile, checksum: str | None, size: int | None) -> bool:
         if size is not None and handle.size != size:
             return False
@@ -393,11 +400,7 @@ class HotCache:
             if not replace_corrupt:
                 handle = self._try_pin(key, path)  # another process filled it while we waited
                 if handle is not None:
-                    if self._hit_ok(handle, checksum, size):
-                        self._touch(path)
-                        with self._mu:
-                            self.stats.hits += 1
-                            self.stats.bytes_read_hits += handle.size
+                    if self._count_hit(handle, path, checksum, size):
                         return handle
                     handle.close()
             if size is None:
@@ -593,15 +596,7 @@ def _write_marker(path: str, key: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(path))
 
 
 def _unlink_quiet(path: str) -> None:

@@ -1,24 +1,32 @@
-"""Lossless chunk codecs: raw, zstd, and byte-shuffle + zstd for numeric data.
-
-All compressed codecs go through python-blosc2: it ships the byte-shuffle filter (groups
-byte k of every element together, so the slowly varying sign/exponent bytes of floats
-compress), zstd and lz4, block-parallel threads that release the GIL, decompression into a
-caller's buffer, and a self-describing header (we cross-check its sizes before decoding, so
-a hostile chunk cannot make us allocate more than its reference promises).
+"""Lossless chunk codecs: raw, zstd, and byte-shuffle + zstd / lz4 for numeric data.
 
 Codec names are stable strings recorded in every chunk reference:
 
 * ``raw``: bytes as given.
-* ``zstd``: zstd (blosc2 container, no filter).
-* ``shuffle-zstd``: byte shuffle with the element size recorded in the reference, then zstd.
-* ``shuffle-lz4``: byte shuffle then lz4: faster, compresses less.
+* ``zstd``: zstd.
+* ``shuffle-zstd``: byte shuffle (byte k of every element together, so the slowly varying
+  sign/exponent bytes of floats compress), then zstd.
+* ``shuffle-lz4``: byte shuffle then lz4: faster, compresses less (python-blosc2).
+
+``zstd`` and ``shuffle-zstd`` are written as a 24-byte header (``TSZ``, version, element
+size, raw size, frame size) + one zstd frame of the shuffled bytes: the shuffle is numpy, the coder the
+``zstandard`` package, and both release the GIL, so a background save's codec threads do not
+stall the training loop's Python (python-blosc2 holds the GIL for the whole call; measured:
+pure-Python work next to a blosc2 thread ran at 0.26x, next to this path at ~1.0x). Chunks
+written by earlier versions in the blosc2 container decode as before (told apart by the
+header). Both decoders cross-check every size against the chunk reference before writing,
+so a hostile chunk cannot make us allocate more than its reference promises.
 """
 
 from __future__ import annotations
 
+import struct
+import threading
 from dataclasses import dataclass
 
 import blosc2
+import numpy as np
+import zstandard
 
 from .errors import ChunkCorruptError, ConfigError
 
@@ -27,6 +35,13 @@ CODECS = ("raw", "zstd", "shuffle-zstd", "shuffle-lz4")
 #: The largest chunk we will ever decode (guards against hostile references).
 MAX_CHUNK_BYTES = 1 << 30
 _BLOSC_MAX = blosc2.MAX_BUFFERSIZE
+#: Header of the GIL-free zstd container: magic, version, element size, 3 spare, raw size,
+#: size of the zstd frame that follows (so truncation and trailing bytes are both caught).
+_TSZ = struct.Struct("<3sBBxxxQQ")
+_TSZ_MAGIC = b"TSZ"
+_TSZ_VERSION = 1
+_ZSTD_CODECS = ("zstd", "shuffle-zstd")
+_tls = threading.local()
 
 
 @dataclass(frozen=True)
@@ -63,18 +78,108 @@ def _params(codec: str, itemsize: int) -> dict:
 
 def encode(data: memoryview | bytes, codec: str, itemsize: int = 1, *, level: int = 1,
            threads: int = 2) -> memoryview | bytes:
-    """Compress ``data`` with ``codec``. Returns ``data`` itself for ``raw``."""
+    """Compress ``data`` with ``codec``. Returns ``data`` itself for ``raw``.
+
+    ``threads`` applies to ``shuffle-lz4`` (blosc2's block threads); the zstd codecs code
+    one chunk per call on the calling thread, without the GIL: run chunks on a thread pool.
+    """
     check_codec(codec)
     if codec == "raw":
         return data
     n = memoryview(data).nbytes
-    if n > _BLOSC_MAX:
-        raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {_BLOSC_MAX}")
     if itemsize < 1 or itemsize > 255:
         raise ConfigError(f"element size must be 1..255 bytes, got {itemsize}")
-    if n % itemsize:
+    if n % itemsize or codec == "zstd":
         itemsize = 1  # shuffle needs whole elements; fall back to bytes
+    if codec in _ZSTD_CODECS:
+        if n > MAX_CHUNK_BYTES:
+            raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {MAX_CHUNK_BYTES}")
+        src = np.frombuffer(data, dtype=np.uint8)
+        planes = src if itemsize == 1 else _shuffle(src, itemsize)
+        frame = _compressor(level).compress(planes)
+        return _TSZ.pack(_TSZ_MAGIC, _TSZ_VERSION, itemsize, n, len(frame)) + frame
+    if n > _BLOSC_MAX:
+        raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {_BLOSC_MAX}")
     return blosc2.compress2(data, clevel=level, nthreads=threads, **_params(codec, itemsize))
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """This thread's compressor for ``level`` (blosc2's mapping of levels 0-9 to zstd's)."""
+    cache = getattr(_tls, "compressors", None)
+    if cache is None:
+        cache = _tls.compressors = {}
+    c = cache.get(level)
+    if c is None:
+        zlevel = 19 if level >= 9 else max(1, 2 * level - 1)
+        c = cache[level] = zstandard.ZstdCompressor(level=zlevel, write_content_size=True, write_checksum=False)
+    return c
+
+
+def _scratch(n: int) -> np.ndarray:
+    """A per-thread reusable uint8 buffer of at least ``n`` bytes (touched once, then reused)."""
+    buf = getattr(_tls, "scratch", None)
+    if buf is None or buf.nbytes < n:
+        buf = _tls.scratch = np.zeros(n, dtype=np.uint8)
+    return buf[:n]
+
+
+def _shuffle(src: np.ndarray, itemsize: int) -> np.ndarray:
+    """Byte planes of ``src`` (plane k = byte k of every element), in a per-thread buffer."""
+    out = _scratch(src.nbytes)
+    planes, elems = out.reshape(itemsize, -1), src.reshape(-1, itemsize)
+    for k in range(itemsize):  # one strided pass per plane: numpy copies without the GIL
+        planes[k] = elems[:, k]
+    return out
+
+
+def _unshuffle(planes: np.ndarray, itemsize: int, out: np.ndarray) -> None:
+    elems, src = out.reshape(-1, itemsize), planes.reshape(itemsize, -1)
+    for k in range(itemsize):
+        elems[:, k] = src[k]
+
+
+def _decode_tsz(stored: memoryview | bytes, raw_size: int, key: str,
+                out: memoryview | None) -> memoryview | bytes | bytearray:
+    view = memoryview(stored).cast("B")
+    if view.nbytes < _TSZ.size:
+        raise ChunkCorruptError(f"chunk {key}: truncated zstd container ({view.nbytes} bytes)")
+    _magic, version, itemsize, size, frame_size = _TSZ.unpack_from(view)
+    if version != _TSZ_VERSION or itemsize < 1:
+        raise ChunkCorruptError(f"chunk {key}: unknown zstd container version {version} / element size {itemsize}")
+    if size != raw_size or raw_size % itemsize:
+        raise ChunkCorruptError(f"chunk {key}: header says {size} raw bytes, reference says {raw_size}")
+    frame = view[_TSZ.size:]
+    if frame.nbytes != frame_size:
+        raise ChunkCorruptError(f"chunk {key}: zstd frame of {frame.nbytes} bytes, header says {frame_size}")
+    try:
+        content = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError:
+        raise ChunkCorruptError(f"chunk {key}: not a valid zstd frame (bad header)") from None
+    if content not in (raw_size, -1):
+        raise ChunkCorruptError(f"chunk {key}: zstd frame holds {content} bytes, reference says {raw_size}")
+    result: memoryview | bytearray = memoryview(out).cast("B") if out is not None else bytearray(raw_size)
+    dst = np.frombuffer(result, dtype=np.uint8)
+    if dst.nbytes != raw_size:
+        raise ChunkCorruptError(f"chunk {key}: destination holds {dst.nbytes} bytes, reference says {raw_size}")
+    target = dst if itemsize == 1 else _scratch(raw_size)
+    try:
+        got = 0
+        with zstandard.ZstdDecompressor().stream_reader(frame, read_across_frames=False) as reader:
+            tview = memoryview(target)
+            while got < raw_size:
+                k = reader.readinto(tview[got:])
+                if k == 0:
+                    break
+                got += k
+            extra = reader.read(1)
+    except zstandard.ZstdError as exc:
+        raise ChunkCorruptError(f"chunk {key}: zstd stream failed to decode: {exc}") from None
+    if got != raw_size or extra:
+        raise ChunkCorruptError(f"chunk {key}: zstd stream decodes to {'more than ' if extra else ''}"
+                                f"{got} bytes, reference says {raw_size}")
+    if itemsize > 1:
+        _unshuffle(target, itemsize, dst)
+    return out if out is not None else result
 
 
 def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = "",
@@ -90,6 +195,8 @@ def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = 
             memoryview(out).cast("B")[:] = memoryview(stored).cast("B")
             return out
         return stored
+    if codec in _ZSTD_CODECS and bytes(memoryview(stored).cast("B")[:3]) == _TSZ_MAGIC:
+        return _decode_tsz(stored, raw_size, key, out)
     try:
         nbytes, cbytes, _blocksize = blosc2.get_cbuffer_sizes(stored)
     except Exception:

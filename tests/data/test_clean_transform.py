@@ -190,6 +190,8 @@ def test_package_exports_the_functions_even_after_their_modules_are_imported():
     importlib.import_module("trainstore.data.transforms")
     assert callable(data.clean) and data.clean is clean
     assert callable(data.transform) and data.transform is transform
-    from trainstore.data import Loader, clean as clean2, transform as transform2
+    from trainstore.data import Loader
+    from trainstore.data import clean as clean2
+    from trainstore.data import transform as transform2
 
     assert clean2 is clean and transform2 is transform and isinstance(Loader, type)

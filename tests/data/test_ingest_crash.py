@@ -46,7 +46,7 @@ def _run_child(store: str, wal: str, durability: str, start: int, seed: int, kil
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     deadline = time.monotonic() + 20
-    while not any(l.startswith(wait_for) for l in list(lines)) and time.monotonic() < deadline:
+    while not any(x.startswith(wait_for) for x in list(lines)) and time.monotonic() < deadline:
         if proc.poll() is not None:
             break
         time.sleep(0.01)
@@ -56,7 +56,7 @@ def _run_child(store: str, wal: str, durability: str, start: int, seed: int, kil
     reader.join(5)
     err = proc.stderr.read()
     assert "Traceback" not in err, err
-    assert any(l.startswith("READY") for l in lines), f"child never became ready: {err}"
+    assert any(x.startswith("READY") for x in lines), f"child never became ready: {err}"
     for line in lines:
         parts = line.split()
         if parts and parts[0] == "ACK" and len(parts) == 3:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file

@@ -25,7 +25,12 @@ import pytest
 from trainstore import open_store
 from trainstore.checkpoint import CheckpointManager
 from trainstore.checkpoint import manifest as mf
-from trainstore.errors import AlreadyExistsError, BackgroundError, NoValidCheckpointError, TrainstoreError
+from trainstore.errors import (
+    AlreadyExistsError,
+    BackgroundError,
+    NoValidCheckpointError,
+    TrainstoreError,
+)
 from trainstore.testing.crashkit import ckpt_options, ckpt_policy, ckpt_state, states_equal
 
 from .conftest import record

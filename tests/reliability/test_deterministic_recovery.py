@@ -4,7 +4,6 @@ uninterrupted run's bit for bit (model, optimizer, RNG and loader position resto
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess

@@ -14,7 +14,7 @@ from trainstore import open_store
 from trainstore.errors import AlreadyExistsError, StoreUnavailableError
 from trainstore.store import RetryOptions
 
-from .conftest import FAST_RETRY, record
+from .conftest import record
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from trainstore import open_store
 from trainstore.checkpoint import CheckpointManager
 from trainstore.checkpoint import manifest as mf
-from trainstore.chunks import ChunkStore, content_hash
+from trainstore.chunks import ChunkStore
 from trainstore.errors import ManifestError, TrainstoreError
 
 pytestmark = pytest.mark.timeout(180)

@@ -23,7 +23,14 @@ import numpy as np
 
 from ..chunks import ChunkRef, ChunkStore, content_hash
 from ..codecs import decode
-from ..errors import CapacityError, ChunkCorruptError, ConfigError, ManifestError, NotFoundError, StoreError
+from ..errors import (
+    CapacityError,
+    ChunkCorruptError,
+    ConfigError,
+    ManifestError,
+    NotFoundError,
+    StoreError,
+)
 from .delta import scratch, xor_into
 from .manifest import Manifest, TensorEntry
 from .state import flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten

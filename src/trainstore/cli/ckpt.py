@@ -8,7 +8,6 @@ added here by ``register`` of later modules; keep each command a small function.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -26,7 +25,7 @@ HttpOpt = typer.Option(None, "--allow-http/--no-allow-http", help="allow plain h
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 
 
-def _manager(url: str, job: str, endpoint: Optional[str], region: Optional[str], allow_http: Optional[bool]):
+def _manager(url: str, job: str, endpoint: str | None, region: str | None, allow_http: bool | None):
     from ..checkpoint.manager import CheckpointManager
 
     return CheckpointManager(open_store(url, **store_options(endpoint, region, allow_http)), job=job)
@@ -34,9 +33,9 @@ def _manager(url: str, job: str, endpoint: Optional[str], region: Optional[str],
 
 @ckpt_app.command("ls")
 @handle_errors
-def ls(url: str, job: Optional[str] = typer.Option(None, "--job", "-j", help="job name (default: list jobs)"),
-       json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-       allow_http: Optional[bool] = HttpOpt) -> None:
+def ls(url: str, job: str | None = typer.Option(None, "--job", "-j", help="job name (default: list jobs)"),
+       json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+       allow_http: bool | None = HttpOpt) -> None:
     """List jobs of a store, or the checkpoints of one job."""
     if job is None:
         jobs = mf.list_jobs(open_store(url, **store_options(endpoint, region, allow_http)))
@@ -64,9 +63,9 @@ def ls(url: str, job: Optional[str] = typer.Option(None, "--job", "-j", help="jo
 
 @ckpt_app.command("show")
 @handle_errors
-def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: Optional[int] = typer.Option(None, "--step", "-s",
-         help="default: the newest"), json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt,
-         region: Optional[str] = RegionOpt, allow_http: Optional[bool] = HttpOpt) -> None:
+def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None = typer.Option(None, "--step", "-s",
+         help="default: the newest"), json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
+         region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
     """Show one checkpoint: metadata, sizes and its tensors."""
     store = open_store(url, **store_options(endpoint, region, allow_http))
     if step is None:
@@ -98,11 +97,11 @@ def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: Optional[i
 
 @ckpt_app.command("verify")
 @handle_errors
-def verify(url: str, job: str = typer.Option(..., "--job", "-j"), step: Optional[int] = typer.Option(None, "--step", "-s",
+def verify(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None = typer.Option(None, "--step", "-s",
            help="default: every checkpoint"), shallow: bool = typer.Option(False, "--shallow",
            help="only check that chunks exist with the right size"), json_out: bool = JsonOpt,
-           endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-           allow_http: Optional[bool] = HttpOpt) -> None:
+           endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+           allow_http: bool | None = HttpOpt) -> None:
     """Re-hash and test-decode every chunk; exit status 1 if any checkpoint is bad."""
     with _manager(url, job, endpoint, region, allow_http) as mgr:
         records = mgr.verify(step=step, deep=not shallow)

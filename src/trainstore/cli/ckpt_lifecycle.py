@@ -11,8 +11,9 @@ from __future__ import annotations
 import datetime
 import statistics
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -28,7 +29,7 @@ from .common import console, emit_json, err_console, handle_errors, store_option
 JobOpt = typer.Option(..., "--job", "-j", help="job name")
 
 
-def _store(url: str, endpoint: Optional[str], region: Optional[str], allow_http: Optional[bool], create: bool = False):
+def _store(url: str, endpoint: str | None, region: str | None, allow_http: bool | None, create: bool = False):
     return open_store(url, create=create, **store_options(endpoint, region, allow_http))
 
 
@@ -55,13 +56,13 @@ def _progress(enabled: bool) -> Iterator[Any]:
 @ckpt_app.command("restore")
 @handle_errors
 def restore(url: str, job: str = JobOpt, to: str = typer.Option(..., "--to", help="output FILE.safetensors"),
-            step: Optional[int] = typer.Option(None, "--step", "-s", help="default: newest that verifies"),
-            best: Optional[str] = typer.Option(None, "--best", help="restore the best checkpoint by this metric"),
+            step: int | None = typer.Option(None, "--step", "-s", help="default: newest that verifies"),
+            best: str | None = typer.Option(None, "--best", help="restore the best checkpoint by this metric"),
             mode: str = typer.Option("min", "--mode", help="min or max (with --best)"),
-            dtype: Optional[str] = typer.Option(None, "--dtype", help="cast floats to bf16 or fp16"),
-            only: Optional[str] = typer.Option(None, "--only", help="only tensors under this prefix, e.g. model/"),
-            json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-            allow_http: Optional[bool] = HttpOpt) -> None:
+            dtype: str | None = typer.Option(None, "--dtype", help="cast floats to bf16 or fp16"),
+            only: str | None = typer.Option(None, "--only", help="only tensors under this prefix, e.g. model/"),
+            json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+            allow_http: bool | None = HttpOpt) -> None:
     """Restore a checkpoint (falling back past bad ones) and write its tensors as safetensors."""
     from ..checkpoint.manager import CheckpointManager
     from ..lifecycle.export import state_tensors, write_safetensors
@@ -89,17 +90,17 @@ def restore(url: str, job: str = JobOpt, to: str = typer.Option(..., "--to", hel
 @ckpt_app.command("retain")
 @handle_errors
 def retain(url: str, job: str = JobOpt,
-           keep_last: Optional[int] = typer.Option(None, "--keep-last", help="keep the N newest"),
-           keep_within: Optional[str] = typer.Option(None, "--keep-within", help="keep all younger than e.g. 7d"),
-           keep_full_within: Optional[str] = typer.Option(None, "--keep-full-within", help="keep full ones younger than e.g. 30d"),
-           keep_every: Optional[int] = typer.Option(None, "--keep-every", help="keep steps that are multiples of K"),
-           keep_best: List[str] = typer.Option([], "--keep-best", help="METRIC[:N[:min|max]] (repeatable)"),
+           keep_last: int | None = typer.Option(None, "--keep-last", help="keep the N newest"),
+           keep_within: str | None = typer.Option(None, "--keep-within", help="keep all younger than e.g. 7d"),
+           keep_full_within: str | None = typer.Option(None, "--keep-full-within", help="keep full ones younger than e.g. 30d"),
+           keep_every: int | None = typer.Option(None, "--keep-every", help="keep steps that are multiples of K"),
+           keep_best: list[str] = typer.Option([], "--keep-best", help="METRIC[:N[:min|max]] (repeatable)"),
            keep_registered: bool = typer.Option(True, "--keep-registered/--no-keep-registered",
                                                 help="keep registered model versions (default: yes)"),
            allow_delete_all: bool = typer.Option(False, "--allow-delete-all", help="allow deleting every checkpoint"),
            dry_run: bool = typer.Option(False, "--dry-run", help="only say what would go and why"),
-           json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-           allow_http: Optional[bool] = HttpOpt) -> None:
+           json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+           allow_http: bool | None = HttpOpt) -> None:
     """Apply retention rules (default: the preset - all of the last week, full ones of the last
     month, registered forever). Deleted checkpoints' chunks are reclaimed by `ckpt gc`."""
     from ..lifecycle.retention import KeepBest, RetentionPolicy, apply_retention
@@ -136,8 +137,8 @@ def gc(url: str, grace: str = typer.Option("1h", "--grace", help="only delete ch
        dry_run: bool = typer.Option(False, "--dry-run", help="report what would be deleted"),
        ignore_unreadable: bool = typer.Option(False, "--ignore-unreadable",
                                               help="sweep even if a manifest is unreadable"),
-       json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-       allow_http: Optional[bool] = HttpOpt) -> None:
+       json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+       allow_http: bool | None = HttpOpt) -> None:
     """Delete chunks no checkpoint references (safe while training saves: see docs/lifecycle.md)."""
     from ..lifecycle.gc import GcOptions, collect_garbage
 
@@ -169,15 +170,15 @@ def gc(url: str, grace: str = typer.Option("1h", "--grace", help="only delete ch
 @ckpt_app.command("tier")
 @handle_errors
 def tier(hot: str, job: str = JobOpt, durable: str = typer.Option(..., "--durable", help="durable tier URL"),
-         archive: Optional[str] = typer.Option(None, "--archive", help="archive tier URL"),
+         archive: str | None = typer.Option(None, "--archive", help="archive tier URL"),
          sync: bool = typer.Option(False, "--sync", help="copy hot checkpoints the durable tier lacks"),
          evict: bool = typer.Option(False, "--evict", help="evict durable checkpoints past the hot rule"),
          keep_hot: int = typer.Option(2, "--keep-hot", help="hot rule: keep the N newest in hot"),
-         archive_after: Optional[str] = typer.Option(None, "--archive-after",
+         archive_after: str | None = typer.Option(None, "--archive-after",
                                                      help="move durable full checkpoints older than this to --archive"),
          dry_run: bool = typer.Option(False, "--dry-run"), json_out: bool = JsonOpt,
-         endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-         allow_http: Optional[bool] = HttpOpt) -> None:
+         endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+         allow_http: bool | None = HttpOpt) -> None:
     """Status per checkpoint (hot / durable / archived, created -> ready -> durable), and actions."""
     from ..lifecycle.tiering import Tiering, TierPolicy
 
@@ -223,11 +224,11 @@ def _version_row(mv: Any, aliases: dict[str, int]) -> list[str]:
 @handle_errors
 def register_cmd(url: str, job: str = JobOpt, step: int = typer.Option(..., "--step", "-s"),
                  model: str = typer.Option(..., "--model", "-m", help="model name"),
-                 alias: List[str] = typer.Option(["latest"], "--alias", "-a", help="aliases to move (repeatable)"),
-                 dataset: Optional[str] = typer.Option(None, "--dataset", help="dataset version, e.g. tokens@3"),
-                 note: Optional[str] = typer.Option(None, "--note"), json_out: bool = JsonOpt,
-                 endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-                 allow_http: Optional[bool] = HttpOpt) -> None:
+                 alias: list[str] = typer.Option(["latest"], "--alias", "-a", help="aliases to move (repeatable)"),
+                 dataset: str | None = typer.Option(None, "--dataset", help="dataset version, e.g. tokens@3"),
+                 note: str | None = typer.Option(None, "--note"), json_out: bool = JsonOpt,
+                 endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+                 allow_http: bool | None = HttpOpt) -> None:
     """Register a checkpoint as the next version of a model (kept forever by retention)."""
     from ..lifecycle.registry import Registry
 
@@ -241,9 +242,9 @@ def register_cmd(url: str, job: str = JobOpt, step: int = typer.Option(..., "--s
 
 @ckpt_app.command("models")
 @handle_errors
-def models(url: str, model: Optional[str] = typer.Option(None, "--model", "-m", help="show this model's versions"),
-           json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-           allow_http: Optional[bool] = HttpOpt) -> None:
+def models(url: str, model: str | None = typer.Option(None, "--model", "-m", help="show this model's versions"),
+           json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+           allow_http: bool | None = HttpOpt) -> None:
     """List registered models, or the versions (with aliases and lineage) of one."""
     from ..lifecycle.registry import Registry
 
@@ -275,17 +276,17 @@ def models(url: str, model: Optional[str] = typer.Option(None, "--model", "-m", 
 @ckpt_app.command("alias")
 @handle_errors
 def alias_cmd(url: str, model: str = typer.Option(..., "--model", "-m"),
-              name: Optional[str] = typer.Argument(None, help="alias name (omit to list aliases)"),
-              set_to: Optional[int] = typer.Option(None, "--set", help="point the alias at this version"),
-              promote: Optional[int] = typer.Option(None, "--promote",
+              name: str | None = typer.Argument(None, help="alias name (omit to list aliases)"),
+              set_to: int | None = typer.Option(None, "--set", help="point the alias at this version"),
+              promote: int | None = typer.Option(None, "--promote",
                                                     help="make VERSION this alias; its old target becomes --fallback"),
               fallback: str = typer.Option("fallback", "--fallback", help="alias that --promote moves the old target to"),
               rollback: bool = typer.Option(False, "--rollback", help="move the alias back (see --to)"),
-              to: Optional[str] = typer.Option(None, "--to", help="with --rollback: to this alias's target "
+              to: str | None = typer.Option(None, "--to", help="with --rollback: to this alias's target "
                                                "(default: fallback; 'previous' = the alias's own previous target)"),
               remove: bool = typer.Option(False, "--remove"), history: bool = typer.Option(False, "--history"),
-              json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-              allow_http: Optional[bool] = HttpOpt) -> None:
+              json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+              allow_http: bool | None = HttpOpt) -> None:
     """Show, set, promote, roll back or remove a model alias (latest, stable, fallback, ...)."""
     from ..lifecycle.registry import Registry
 
@@ -337,14 +338,14 @@ def alias_cmd(url: str, model: str = typer.Option(..., "--model", "-m"),
 # -- export ---------------------------------------------------------------------------------
 @ckpt_app.command("export")
 @handle_errors
-def export(url: str, ref: Optional[str] = typer.Argument(None, help="model version: MODEL@ALIAS or MODEL@N"),
+def export(url: str, ref: str | None = typer.Argument(None, help="model version: MODEL@ALIAS or MODEL@N"),
            to: str = typer.Option(..., "--to", help="output FILE.safetensors (+ FILE.safetensors.sha256)"),
-           job: Optional[str] = typer.Option(None, "--job", "-j", help="export a checkpoint instead of a version"),
-           step: Optional[int] = typer.Option(None, "--step", "-s"),
-           dtype: Optional[str] = typer.Option(None, "--dtype", help="cast floats to bf16 or fp16"),
-           only: Optional[str] = typer.Option(None, "--only", help="only tensors under this prefix, e.g. model/"),
-           json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-           allow_http: Optional[bool] = HttpOpt) -> None:
+           job: str | None = typer.Option(None, "--job", "-j", help="export a checkpoint instead of a version"),
+           step: int | None = typer.Option(None, "--step", "-s"),
+           dtype: str | None = typer.Option(None, "--dtype", help="cast floats to bf16 or fp16"),
+           only: str | None = typer.Option(None, "--only", help="only tensors under this prefix, e.g. model/"),
+           json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+           allow_http: bool | None = HttpOpt) -> None:
     """Export a model version (or --job/--step) to safetensors, optionally cast to bf16/fp16."""
     from ..lifecycle.export import export_safetensors, export_version
     from ..lifecycle.registry import Registry
@@ -369,8 +370,8 @@ def export(url: str, ref: Optional[str] = typer.Argument(None, help="model versi
 # -- stats ----------------------------------------------------------------------------------
 @ckpt_app.command("stats")
 @handle_errors
-def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt,
-          region: Optional[str] = RegionOpt, allow_http: Optional[bool] = HttpOpt) -> None:
+def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
+          region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
     """Checkpoint frequency, storage used, restore count and recovery success rate of a job."""
     from ..lifecycle.metrics import load_stats
 

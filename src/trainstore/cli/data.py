@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import pyarrow as pa
 import typer
@@ -45,11 +44,11 @@ def _parse_type(text: str) -> pa.DataType:
 @handle_errors
 def ingest(
     url: str, dataset: str, paths: list[str],
-    format: Optional[str] = typer.Option(None, "--format", help="jsonl | csv | parquet | binary (default: by extension)"),
+    format: str | None = typer.Option(None, "--format", help="jsonl | csv | parquet | binary (default: by extension)"),
     durability: str = typer.Option("wal", "--durability", help="wal | shard"),
-    wal_dir: Optional[str] = typer.Option(None, "--wal-dir", help="write-ahead log directory"),
-    json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-    allow_http: Optional[bool] = HttpOpt,
+    wal_dir: str | None = typer.Option(None, "--wal-dir", help="write-ahead log directory"),
+    json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+    allow_http: bool | None = HttpOpt,
 ) -> None:
     """Ingest files (paths or globs) into DATASET and commit a new version."""
     from ..data.ingest import IngestConfig, Ingestor, expand_paths
@@ -71,15 +70,15 @@ def ingest(
 @handle_errors
 def clean_cmd(
     url: str, ref: str,
-    dedup: Optional[str] = typer.Option(None, "--dedup", help="'row' or comma-separated key columns"),
+    dedup: str | None = typer.Option(None, "--dedup", help="'row' or comma-separated key columns"),
     drop_missing: bool = typer.Option(False, "--drop-missing", help="drop rows with any null"),
     fill: list[str] = typer.Option([], "--fill", help="COL=JSON_VALUE fill nulls (repeatable)"),
     drop_null: list[str] = typer.Option([], "--drop-null", help="drop rows where COL is null (repeatable)"),
     cast: list[str] = typer.Option([], "--cast", help="COL=TYPE schema enforcement (repeatable)"),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="output dataset name"),
+    output: str | None = typer.Option(None, "--output", "-o", help="output dataset name"),
     memory_limit: str = typer.Option("2GB", "--memory-limit", help="DuckDB memory limit (spills past it)"),
-    json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-    allow_http: Optional[bool] = HttpOpt,
+    json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+    allow_http: bool | None = HttpOpt,
 ) -> None:
     """Dedup, handle missing values and enforce a schema; failing rows go to quarantine."""
     from ..data.cleaning import DROP, CleanConfig, clean
@@ -139,9 +138,9 @@ def transform_cmd(
     engine: str = typer.Option("local", "--engine", help="local | ray"),
     workers: int = typer.Option(1, "--workers", "-w"),
     kwargs: str = typer.Option("{}", "--kwargs", help="JSON object of keyword arguments for fn"),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="output dataset name"),
-    json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt, region: Optional[str] = RegionOpt,
-    allow_http: Optional[bool] = HttpOpt,
+    output: str | None = typer.Option(None, "--output", "-o", help="output dataset name"),
+    json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+    allow_http: bool | None = HttpOpt,
 ) -> None:
     """Run FN over every shard (resumable) into an Arrow IPC feature dataset."""
     from ..data.transforms import transform
@@ -164,8 +163,8 @@ def transform_cmd(
 
 @data_app.command("ls")
 @handle_errors
-def ls(url: str, json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt,
-       region: Optional[str] = RegionOpt, allow_http: Optional[bool] = HttpOpt) -> None:
+def ls(url: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
+       region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
     """Datasets and their versions."""
     from ..data.versions import list_datasets, list_versions, load_version
 
@@ -189,8 +188,8 @@ def ls(url: str, json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt
 
 @data_app.command("show")
 @handle_errors
-def show(url: str, ref: str, json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt,
-         region: Optional[str] = RegionOpt, allow_http: Optional[bool] = HttpOpt) -> None:
+def show(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
+         region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
     """One version's manifest: schema, shards, lineage fields."""
     from ..data.versions import load_version, parse_ref
 
@@ -214,8 +213,8 @@ def show(url: str, ref: str, json_out: bool = JsonOpt, endpoint: Optional[str] =
 
 @data_app.command("lineage")
 @handle_errors
-def lineage(url: str, ref: str, json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt,
-            region: Optional[str] = RegionOpt, allow_http: Optional[bool] = HttpOpt) -> None:
+def lineage(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
+            region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
     """The version and all its ancestors."""
     from ..data.versions import iter_lineage
 
@@ -234,8 +233,8 @@ def lineage(url: str, ref: str, json_out: bool = JsonOpt, endpoint: Optional[str
 
 @data_app.command("verify")
 @handle_errors
-def verify(url: str, ref: str, json_out: bool = JsonOpt, endpoint: Optional[str] = EndpointOpt,
-           region: Optional[str] = RegionOpt, allow_http: Optional[bool] = HttpOpt) -> None:
+def verify(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
+           region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
     """Re-check every shard's size and BLAKE3 checksum; exit 2 if any is bad."""
     from ..data.versions import load_version, parse_ref, read_shard
 

@@ -10,7 +10,7 @@ back bit-exactly, corrupts a canary chunk to show detection, and lists the store
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import typer
@@ -123,8 +123,8 @@ def _corruption_check(store: Store) -> str:
     return message
 
 
-def run_foundation_demo(store_url: str = DEFAULT_STORE, options: Optional[dict] = None,
-                        console: Optional[Console] = None) -> dict[str, Any]:
+def run_foundation_demo(store_url: str = DEFAULT_STORE, options: dict | None = None,
+                        console: Console | None = None) -> dict[str, Any]:
     """Run the foundation demo on ``store_url``; prints rich tables, returns the figures."""
     con = console or default_console
     store = open_store(store_url, **(options or {}))
@@ -192,9 +192,9 @@ def register(app: typer.Typer) -> None:
     def demo(
         store: str = typer.Option(DEFAULT_PIPELINE_STORE, "--store",
                                   help="store URL: a directory (default), file://, s3://bucket/prefix, ..."),
-        endpoint: Optional[str] = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
-        region: Optional[str] = typer.Option(None, "--region", help="S3 region"),
-        allow_http: Optional[bool] = typer.Option(None, "--allow-http/--no-allow-http",
+        endpoint: str | None = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
+        region: str | None = typer.Option(None, "--region", help="S3 region"),
+        allow_http: bool | None = typer.Option(None, "--allow-http/--no-allow-http",
                                                   help="allow plain http endpoints"),
         size: str = typer.Option("default", "--size", help="small (tests, ~1 min) | default | large"),
         small: bool = typer.Option(False, "--small", help="same as --size small"),
@@ -225,9 +225,9 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         store: str = typer.Option(DEFAULT_PIPELINE_STORE, "--store", help="the store a demo run wrote to"),
         out: str = typer.Option("demo-report.html", "--out", help="HTML file to write"),
-        endpoint: Optional[str] = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
-        region: Optional[str] = typer.Option(None, "--region", help="S3 region"),
-        allow_http: Optional[bool] = typer.Option(None, "--allow-http/--no-allow-http",
+        endpoint: str | None = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
+        region: str | None = typer.Option(None, "--region", help="S3 region"),
+        allow_http: bool | None = typer.Option(None, "--allow-http/--no-allow-http",
                                                   help="allow plain http endpoints"),
     ) -> None:
         """Regenerate the demo's HTML report from the run record saved in a store."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -25,9 +24,9 @@ def ls(
     url: str,
     prefix: str = typer.Option("", "--prefix", "-p", help="only keys starting with this"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
-    endpoint: Optional[str] = EndpointOpt,
-    region: Optional[str] = RegionOpt,
-    allow_http: Optional[bool] = HttpOpt,
+    endpoint: str | None = EndpointOpt,
+    region: str | None = RegionOpt,
+    allow_http: bool | None = HttpOpt,
 ) -> None:
     """List the objects of a store."""
     store = open_store(url, create=False, **store_options(endpoint, region, allow_http))
@@ -47,9 +46,9 @@ def du(
     url: str,
     depth: int = typer.Option(1, "--depth", "-d", min=1, help="group keys by this many path segments"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
-    endpoint: Optional[str] = EndpointOpt,
-    region: Optional[str] = RegionOpt,
-    allow_http: Optional[bool] = HttpOpt,
+    endpoint: str | None = EndpointOpt,
+    region: str | None = RegionOpt,
+    allow_http: bool | None = HttpOpt,
 ) -> None:
     """Bytes and object counts per top-level prefix."""
     store = open_store(url, create=False, **store_options(endpoint, region, allow_http))

@@ -33,12 +33,19 @@ import pyarrow.parquet as pq
 from ..chunks import content_hash
 from ..errors import AlreadyExistsError, ConfigError, SchemaError
 from ..store import Store, open_store
-from .clean_sql import DROP, ident, plan_columns, reason_expr, drop_expr
+from .clean_sql import DROP, drop_expr, ident, plan_columns, reason_expr
 from .lineage import code_version, config_hash
 from .shardio import default_cache_dir, local_shard
 from .versions import (
-    DatasetVersion, ShardInfo, check_name, commit_version, load_version, next_version,
-    parse_ref, schema_to_b64, shards_prefix,
+    DatasetVersion,
+    ShardInfo,
+    check_name,
+    commit_version,
+    load_version,
+    next_version,
+    parse_ref,
+    schema_to_b64,
+    shards_prefix,
 )
 
 __all__ = ["CleanConfig", "DROP", "clean"]

@@ -42,7 +42,14 @@ from ..store import Store, open_store
 from .lineage import code_version, config_hash
 from .records import conform, to_table
 from .sources import read_file
-from .versions import DatasetVersion, ShardInfo, check_name, commit_version, load_version, shards_prefix
+from .versions import (
+    DatasetVersion,
+    ShardInfo,
+    check_name,
+    commit_version,
+    load_version,
+    shards_prefix,
+)
 from .wal import WriteAheadLog
 
 DURABILITY = ("wal", "shard")

@@ -39,8 +39,16 @@ from .lineage import code_version, config_hash
 from .shardio import verify_local_file
 from .transform_shard import ShardTask, portable, read_marker, resolve_fn
 from .versions import (
-    DatasetVersion, ShardInfo, check_name, commit_version, load_version, next_version,
-    parse_ref, read_shard, schema_from_b64, shards_prefix,
+    DatasetVersion,
+    ShardInfo,
+    check_name,
+    commit_version,
+    load_version,
+    next_version,
+    parse_ref,
+    read_shard,
+    schema_from_b64,
+    shards_prefix,
 )
 
 

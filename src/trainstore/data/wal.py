@@ -32,26 +32,13 @@ import filelock
 import pyarrow as pa
 
 from ..errors import ConfigError, StoreError
+from ..store.local import fsync_dir, write_all
 from .versions import ShardInfo
 
 MAGIC = b"TSW1"
 _HEADER = struct.Struct("<4sQ16s")
 _SEG_PREFIX = "seg-"
 _SEG_SUFFIX = ".wal"
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: Any) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def encode_frame(table: pa.Table) -> list[Any]:
@@ -122,7 +109,7 @@ class WriteAheadLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         return wal_id
 
     # -- segments --------------------------------------------------------------------------
@@ -143,7 +130,7 @@ class WriteAheadLog:
         """Start appending to a fresh segment ``seq``."""
         self.close_segment()
         self._fd = os.open(self.segment_path(seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._active_seq = seq
         self.active_bytes = 0
 
@@ -154,7 +141,7 @@ class WriteAheadLog:
         buffers = encode_frame(table)
         try:
             for b in buffers:
-                _write_all(self._fd, b)
+                write_all(self._fd, b)
             os.fsync(self._fd)
         except OSError as exc:
             raise StoreError(f"writing WAL segment {self.segment_path(self._active_seq or 0)}: {exc}") from exc
@@ -182,14 +169,14 @@ class WriteAheadLog:
             os.unlink(self.segment_path(seq))
         except FileNotFoundError:
             return
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     # -- journal of uploaded segments ------------------------------------------------------
     def record_uploaded(self, seq: int, info: ShardInfo) -> None:
         line = json.dumps({"seq": seq, **asdict(info)}) + "\n"
         fd = os.open(self._journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            _write_all(fd, line.encode())
+            write_all(fd, line.encode())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -238,7 +225,7 @@ class WriteAheadLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._journal)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def close(self) -> None:
         self.close_segment()

@@ -24,7 +24,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ..checkpoint import manifest as mf
-from ..errors import AlreadyExistsError, ConfigError, DistributedError, StoreUnavailableError, TrainstoreError
+from ..errors import (
+    AlreadyExistsError,
+    ConfigError,
+    DistributedError,
+    StoreUnavailableError,
+    TrainstoreError,
+)
 from .coordination import describe_failure
 from .reader import StorageReader
 from .writer import BaseCache, StorageWriter, stage_state_dict

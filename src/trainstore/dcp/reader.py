@@ -33,7 +33,7 @@ from ..checkpoint.manifest import Manifest, TensorEntry
 from ..checkpoint.reader import _read_piece
 from ..checkpoint.state import parse_numpy_dtype, parse_torch_dtype, unflatten
 from ..chunks import ChunkStore
-from ..errors import ManifestError, NoValidCheckpointError, NotFoundError
+from ..errors import ManifestError, NotFoundError, NoValidCheckpointError
 from ..store import open_store
 from ..store.base import Store
 from .coordination import is_dcp_manifest, is_valid_checkpoint_id, parse_checkpoint_id

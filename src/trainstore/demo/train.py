@@ -93,7 +93,7 @@ def train(spec: TrainSpec, emit: Callable[[dict], None] = _emit) -> None:
     from ..checkpoint.rng import capture_rng, restore_rng
     from ..checkpoint.writer import WriteOptions
     from ..data import Dataset, Loader
-    from ..lifecycle.tiering import TierPolicy, Tiering
+    from ..lifecycle.tiering import Tiering, TierPolicy
     from ..store import open_store
 
     cfg = spec.config

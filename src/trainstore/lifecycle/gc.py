@@ -47,7 +47,7 @@ import numpy as np
 
 from ..checkpoint import manifest as mf
 from ..chunks import ChunkRef, ChunkStore
-from ..errors import ConfigError, IntegrityError, ManifestError, NotFoundError, StoreUnavailableError, TrainstoreError
+from ..errors import ConfigError, IntegrityError, ManifestError, NotFoundError, TrainstoreError
 from ..store.base import Store
 from .retention import parse_duration
 

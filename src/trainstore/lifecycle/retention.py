@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoint import manifest as mf
-from ..errors import ConfigError, ManifestError, NotFoundError, StoreUnavailableError, TrainstoreError
+from ..errors import (
+    ConfigError,
+    ManifestError,
+    NotFoundError,
+    StoreUnavailableError,
+    TrainstoreError,
+)
 from ..store.base import Store
 
 log = logging.getLogger("trainstore.lifecycle.retention")

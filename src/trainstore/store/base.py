@@ -28,12 +28,11 @@ import abc
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from ..errors import InvalidKeyError
 
 #: Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy arrays).
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 _MAX_KEY_LEN = 1024
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")

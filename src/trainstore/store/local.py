@@ -30,7 +30,8 @@ from .base import Buffer, ObjectMeta, Store, validate_key, validate_prefix
 TEMP_PREFIX = ".tmp."
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """fsync a directory, so entries created or renamed in it survive a crash."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -38,7 +39,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: Buffer) -> None:
+def write_all(fd: int, data: Buffer) -> None:
+    """Write every byte of ``data`` to ``fd`` (os.write may write less than asked)."""
     view = memoryview(data).cast("B")
     while view:
         written = os.write(fd, view)
@@ -112,7 +114,7 @@ class LocalStore(Store):
                     "cannot hold both 'x' and 'x/...')"
                 ) from None
             if self.fsync:
-                _fsync_dir(os.path.dirname(d))
+                fsync_dir(os.path.dirname(d))
         with self._dirs_lock:
             self._known_dirs.add(directory)
 
@@ -129,7 +131,7 @@ class LocalStore(Store):
             self._ensure_dir(directory, key)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             if self.fsync:
                 os.fsync(fd)
         except BaseException:
@@ -213,7 +215,7 @@ class LocalStore(Store):
                 _unlink_quietly(tmp)
                 raise
             if self.fsync:
-                _fsync_dir(os.path.dirname(path))
+                fsync_dir(os.path.dirname(path))
             return self._stat_meta(key, path, data)
         except OSError as exc:
             raise io_error(exc, f"writing {key!r} to {self.url}") from exc
@@ -238,7 +240,7 @@ class LocalStore(Store):
             _unlink_quietly(tmp)
         try:
             if self.fsync:
-                _fsync_dir(os.path.dirname(path))
+                fsync_dir(os.path.dirname(path))
             return self._stat_meta(key, path, data)
         except OSError as exc:
             raise io_error(exc, f"committing {key!r} to {self.url}") from exc

@@ -25,7 +25,6 @@ import random
 import socket
 import struct
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

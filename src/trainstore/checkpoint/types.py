@@ -1,0 +1,137 @@
+"""The checkpoint manager's value types: policy, per-checkpoint info, restore result, save handle."""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from . import manifest as mf
+from .manifest import Manifest
+
+ON_BUSY = ("wait", "skip")
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When to save and how to behave when a save is still running.
+
+    ``full_every``/``incremental_every``: steps that are multiples of ``full_every`` get a full
+    checkpoint, other multiples of ``incremental_every`` an incremental (0 or None: never).
+    ``on_busy``: a save while another is in flight ``"wait"``s for it or is ``"skip"``ped with a
+    warning. ``keep_base_in_memory``: keep the last full checkpoint's host copy so
+    incrementals XOR against memory instead of re-reading the store (costs one state-sized
+    buffer).
+    """
+
+    full_every: int = 1000
+    incremental_every: int | None = 100
+    on_busy: str = "wait"
+    keep_base_in_memory: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.full_every, int) or self.full_every < 1:
+            raise ConfigError(f"full_every must be a positive int, got {self.full_every!r}")
+        if self.incremental_every is not None and (not isinstance(self.incremental_every, int) or self.incremental_every < 0):
+            raise ConfigError(f"incremental_every must be None or a non-negative int, got {self.incremental_every!r}")
+        if self.on_busy not in ON_BUSY:
+            raise ConfigError(f"on_busy must be one of {ON_BUSY}, got {self.on_busy!r}")
+
+    def should_save(self, step: int) -> str | None:
+        if step % self.full_every == 0:
+            return "full"
+        if self.incremental_every and step % self.incremental_every == 0:
+            return "incremental"
+        return None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed checkpoint as ``list()`` reports it."""
+
+    step: int
+    kind: str
+    base_step: int | None
+    created: float
+    metrics: dict[str, Any]
+    config: dict[str, Any]
+    logical_bytes: int
+    stored_bytes: int
+    written_bytes: int
+    tensors: int
+    status: str  # "unverified" | "ok" | "bad" | "unreadable"
+    verified_at: float | None = None
+    errors: tuple[str, ...] = ()
+    code_version: str | None = None
+
+    @classmethod
+    def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None) -> CheckpointInfo:
+        status = "unverified" if rec is None else ("ok" if rec.ok else "bad")
+        return cls(m.step, m.kind, m.base_step, m.created, m.metrics, m.config, m.logical_bytes,
+                   m.stored_bytes, m.written_bytes, len(m.tensors), status,
+                   rec.checked_at if rec else None, rec.errors if rec else (),
+                   m.metadata.get("code_version"))
+
+
+@dataclass
+class RestoreResult:
+    """What ``restore`` chose and why; ``skipped`` lists (step, reason) of every rejected one."""
+
+    step: int
+    kind: str
+    reason: str
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    state: Any = None
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        s = f"restored step {self.step} ({self.kind}): {self.reason}"
+        if self.skipped:
+            s += "; skipped " + ", ".join(f"{st} ({why})" for st, why in self.skipped)
+        return s
+
+
+class SaveHandle:
+    """A save in flight: ``wait()`` blocks until durable (raising its error), ``done()`` polls."""
+
+    def __init__(self, step: int, kind: str, future: Future | None = None, skipped: bool = False,
+                 blocked_s: float = 0.0) -> None:
+        self.step = step
+        self.kind = kind
+        self.skipped = skipped
+        self.blocked_s = blocked_s  # time the caller was blocked (flatten + staging copy)
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
+        if self._future is None:
+            return None
+        return self._future.result(timeout)
+
+    @property
+    def info(self) -> CheckpointInfo | None:
+        return self._future.result() if self._future is not None and self._future.done() else None
+
+    def __repr__(self) -> str:
+        state = "skipped" if self.skipped else ("done" if self.done() else "pending")
+        return f"SaveHandle(step={self.step}, kind={self.kind!r}, {state})"
+
+
+def code_version(path: str | None = None) -> str | None:
+    """``git:<sha>[-dirty]`` of the working directory, or None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
+                               capture_output=True, text=True, timeout=5)
+        return f"git:{sha.stdout.strip()}" + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+__all__ = ["CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle", "code_version", "ON_BUSY"]

@@ -1,0 +1,95 @@
+"""Codecs: lossless round trips, the legacy blosc2 container, and corrupt input named clearly."""
+
+from __future__ import annotations
+
+import blosc2
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainstore import codecs
+from trainstore.errors import ChunkCorruptError, ConfigError
+
+DTYPES = [np.float32, np.float16, np.float64, np.int8, np.uint8, np.int64, np.bool_]
+
+
+@pytest.mark.parametrize("codec", codecs.CODECS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_every_dtype_with_and_without_out(codec, dtype):
+    rng = np.random.default_rng(1)
+    a = (rng.standard_normal(100_003) * 10).astype(dtype)
+    raw = memoryview(a).cast("B")
+    enc = codecs.encode(raw, codec, a.itemsize)
+    assert bytes(codecs.decode(enc, codec, a.nbytes)) == a.tobytes()
+    out = np.zeros_like(a)
+    codecs.decode(enc, codec, a.nbytes, out=memoryview(out).cast("B"))
+    assert out.tobytes() == a.tobytes()
+
+
+@given(data=st.binary(max_size=5000), itemsize=st.sampled_from([1, 2, 3, 4, 8]),
+       codec=st.sampled_from(["zstd", "shuffle-zstd"]))
+@settings(max_examples=60, deadline=None)
+def test_round_trip_any_bytes_any_element_size(data, itemsize, codec):
+    enc = codecs.encode(data, codec, itemsize)
+    assert bytes(codecs.decode(enc, codec, len(data))) == data
+
+
+def test_zstd_codecs_compress_floats_and_the_shuffle_helps():
+    a = (np.random.default_rng(0).standard_normal(1 << 20) * 0.02).astype(np.float32)
+    raw = memoryview(a).cast("B")
+    plain = len(codecs.encode(raw, "zstd", 4)) / a.nbytes
+    shuffled = len(codecs.encode(raw, "shuffle-zstd", 4)) / a.nbytes
+    assert shuffled < plain < 1.0
+
+
+def test_chunks_of_the_earlier_blosc2_container_still_decode():
+    a = (np.random.default_rng(2).standard_normal(1 << 18) * 0.02).astype(np.float32)
+    legacy = {
+        "shuffle-zstd": blosc2.compress2(a, clevel=1, codec=blosc2.Codec.ZSTD, filters=[blosc2.Filter.SHUFFLE], typesize=4),
+        "zstd": blosc2.compress2(a, clevel=1, codec=blosc2.Codec.ZSTD, filters=[blosc2.Filter.NOFILTER], typesize=1),
+    }
+    for codec, stored in legacy.items():
+        assert bytes(codecs.decode(stored, codec, a.nbytes)) == a.tobytes()
+
+
+def _corruptions(enc: bytes) -> dict[str, bytes]:
+    return {
+        "truncated header": enc[:10],
+        "truncated frame": enc[:-7],
+        "frame cut to a stub": enc[:40],
+        "garbage frame": enc[:24] + b"\x00" * 64,
+        "bytes appended": enc + b"\x28\xb5\x2f\xfd" + b"\x00" * 16,
+        "header raw size lies": enc[:8] + (5).to_bytes(8, "little") + enc[16:],
+        "header frame size lies": enc[:16] + (7).to_bytes(8, "little") + enc[24:],
+        "garbage frame, sizes kept": enc[:24] + bytes(len(enc) - 24),
+        "unknown version": enc[:3] + b"\x09" + enc[4:],
+    }
+
+
+@pytest.mark.parametrize("case", list(_corruptions(b"x" * 32)))
+def test_corrupt_zstd_container_is_a_chunk_corrupt_error_naming_the_chunk(case):
+    a = (np.random.default_rng(3).standard_normal(1 << 16) * 0.02).astype(np.float32)
+    enc = bytes(codecs.encode(memoryview(a).cast("B"), "shuffle-zstd", 4))
+    bad = _corruptions(enc)[case]
+    with pytest.raises(ChunkCorruptError, match="chunks/ab12"):
+        codecs.decode(bad, "shuffle-zstd", a.nbytes, key="chunks/ab12")
+    with pytest.raises(ChunkCorruptError):
+        codecs.decode(bad, "shuffle-zstd", a.nbytes, key="chunks/ab12", out=memoryview(bytearray(a.nbytes)))
+
+
+def test_reference_size_mismatch_and_absurd_sizes_are_rejected_before_decoding():
+    enc = codecs.encode(b"abcd" * 1000, "shuffle-zstd", 4)
+    with pytest.raises(ChunkCorruptError, match="reference says 3996"):
+        codecs.decode(enc, "shuffle-zstd", 3996)
+    with pytest.raises(ChunkCorruptError, match="out of bounds"):
+        codecs.decode(enc, "shuffle-zstd", 1 << 40)
+    with pytest.raises(ChunkCorruptError, match="destination"):
+        codecs.decode(enc, "shuffle-zstd", 4000, out=memoryview(bytearray(10)))
+
+
+def test_bad_codec_names_and_element_sizes_are_config_errors():
+    with pytest.raises(ConfigError, match="unknown codec 'gzip'"):
+        codecs.encode(b"x", "gzip")
+    with pytest.raises(ConfigError, match="element size"):
+        codecs.encode(b"x" * 8, "shuffle-zstd", 0)
