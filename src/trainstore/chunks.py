@@ -18,10 +18,13 @@ Layout: ``<prefix>/<h[0:2]>/<h>.<codec>``, so listing by the first byte spreads 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import blake3
 
@@ -96,8 +99,12 @@ class ChunkStore:
 
     # -- writing ---------------------------------------------------------------------------
     def put(self, data: Buffer, codec: str | None = None, itemsize: int = 1,
-            digest: str | None = None) -> PutResult:
-        """Store ``data`` unless identical content (same codec) is already there."""
+            digest: str | None = None, cpu: AbstractContextManager[Any] | None = None) -> PutResult:
+        """Store ``data`` unless identical content (same codec) is already there.
+
+        ``cpu``: held while encoding only (not during the dedup check or the write), so a
+        caller can bound how many cores its puts use while their I/O still overlaps.
+        """
         view = memoryview(data).cast("B")
         if view.nbytes > MAX_CHUNK_BYTES:
             raise ConfigError(f"chunk of {view.nbytes} bytes exceeds the limit of {MAX_CHUNK_BYTES}")
@@ -107,7 +114,8 @@ class ChunkStore:
         stored = self._stored_size(key)
         if stored is not None:
             return PutResult(ChunkRef(h, codec, view.nbytes, stored, itemsize), False)
-        encoded = encode(view, codec, itemsize, level=self.codec.level, threads=self.codec.threads)
+        with cpu or contextlib.nullcontext():
+            encoded = encode(view, codec, itemsize, level=self.codec.level, threads=self.codec.threads)
         stored = memoryview(encoded).nbytes
         self.store.put(key, encoded)
         with self._known_lock:

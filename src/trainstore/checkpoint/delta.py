@@ -23,9 +23,12 @@ most two chunks per piece and losing one incremental never breaks another.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -75,8 +78,11 @@ class PieceEncoder:
     """Stores pieces in a ``ChunkStore`` with the codec choices described above."""
 
     def __init__(self, chunks: ChunkStore, *, codec: str, delta_codec: str, level: int,
-                 threads: int, incompressible_ratio: float, raw_above: float = 0.9) -> None:
+                 threads: int, incompressible_ratio: float, raw_above: float = 0.9,
+                 cpu: AbstractContextManager[Any] | None = None) -> None:
         self.chunks = chunks
+        #: held around hashing, XOR, sampling and encoding (not I/O): bounds the cores in use
+        self.cpu = cpu or contextlib.nullcontext()
         self.codec = codec
         self.delta_codec = delta_codec
         self.level = level
@@ -100,7 +106,8 @@ class PieceEncoder:
         return memoryview(enc).nbytes / sample.nbytes
 
     def _put(self, data: memoryview, codec: str, itemsize: int, h: str) -> tuple[ChunkRef, int]:
-        res = self.chunks.put(data, codec, itemsize, digest=h)  # dedup, encode, atomic durable put
+        # dedup, encode (under the cpu gate), atomic durable put
+        res = self.chunks.put(data, codec, itemsize, digest=h, cpu=self.cpu)
         return res.ref, (res.ref.stored if res.written else 0)
 
     # -- plain pieces ----------------------------------------------------------------------
@@ -111,11 +118,12 @@ class PieceEncoder:
         Defaults are those of full checkpoints (``codec``, ``raw_above``); incrementals pass
         their delta codec and ``incompressible_ratio``.
         """
-        h = h or content_hash(data)
         codec = codec or self.codec
         limit = self.raw_above if raw_above is None else raw_above
-        if codec != "raw" and self._ratio(data, codec, itemsize) > limit:
-            codec = "raw"
+        with self.cpu:
+            h = h or content_hash(data)
+            if codec != "raw" and self._ratio(data, codec, itemsize) > limit:
+                codec = "raw"
         ref, written = self._put(data, codec, itemsize, h)
         return PieceResult(ChunkEntry(ref), written, ref.stored)
 
@@ -129,19 +137,25 @@ class PieceEncoder:
         even sampled (it cannot win by much then).
         """
         n = data.nbytes
-        h = content_hash(data)
+        with self.cpu:
+            h = content_hash(data)
         if base.base is None and base.ref.hash == h and base.ref.size == n:
             return PieceResult(ChunkEntry(base.ref, same_as_base=True), 0, 0)
         if base.base is not None or base.ref.size != n:
             return self._plain_incremental(data, itemsize, h)
-        delta = memoryview(xor_into(data, base_bytes(), scratch(n)))
-        r_delta = self._ratio(delta, self.delta_codec, itemsize)
-        if r_delta > TRY_PLAIN_ABOVE:
-            r_plain = min(self._ratio(data, self.delta_codec, itemsize), 1.0)
-            if r_plain < r_delta:
-                return self._plain_incremental(data, itemsize, h, r_plain)
+        base_view = base_bytes()  # may read the base chunk from the store: outside the gate
+        with self.cpu:
+            delta = memoryview(xor_into(data, base_view, scratch(n)))
+            r_delta = self._ratio(delta, self.delta_codec, itemsize)
+            r_plain = None
+            if r_delta > TRY_PLAIN_ABOVE:
+                r_plain = min(self._ratio(data, self.delta_codec, itemsize), 1.0)
+            use_plain = r_plain is not None and r_plain < r_delta
+            delta_hash = "" if use_plain else content_hash(delta)
+        if use_plain:
+            return self._plain_incremental(data, itemsize, h, r_plain)
         codec = self.delta_codec if r_delta <= self.incompressible_ratio else "raw"
-        ref, written = self._put(delta, codec, itemsize, content_hash(delta))
+        ref, written = self._put(delta, codec, itemsize, delta_hash)
         return PieceResult(ChunkEntry(ref, base.ref, h), written, ref.stored)
 
     def _plain_incremental(self, data: memoryview, itemsize: int, h: str, ratio: float | None = None) -> PieceResult:

@@ -4,8 +4,9 @@
 piece with ``PieceEncoder`` (plain for full checkpoints; against the base for incrementals)
 on ``workers`` threads, and returns the manifest entries. At most ``max_inflight_bytes`` of
 pieces are being processed at once, which bounds the scratch and compressed buffers
-alive (the staged input itself lives in the reusable arena). Hashing (BLAKE3) and blosc2
-release the GIL, so the threads really run in parallel with each other and with training.
+alive (the staged input itself lives in the reusable arena). Hashing (BLAKE3), XOR (numpy)
+and the zstd codecs release the GIL, so the threads really run in parallel with each other
+and with training; at most ``cpu_threads`` of them use a core at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class WriteOptions:
     bytes are won, so it compresses harder; such pieces are stored raw only above
     ``incompressible_ratio``.
 
+    ``cpu_threads``: at most this many of the ``workers`` hash, XOR and compress at once (the
+    others wait on I/O). CPU threads are scheduled fairly, so 8 busy save threads next to a
+    1-thread training loop on 2 cores left it ~1/4 of a core (a 4-5x slower step during a
+    save); the default, half the usable cores (at least 1, at most 8), leaves the rest to
+    training and the data loader. Raise it when time until durable matters more.
+
     ``nice``: background threads raise their niceness by this much. The default 0 favours
     time until durable; set e.g. 10 when training throughput matters more than how soon a
     checkpoint is safe (docs/checkpoints.md, "Performance trade-offs").
@@ -47,6 +54,7 @@ class WriteOptions:
     level: int = 1
     workers: int = 8  # more than the cores: hides fsync latency of many small tensors
     codec_threads: int = 1
+    cpu_threads: int | None = None  # None: default_cpu_threads()
     max_inflight_bytes: int = 256 << 20
     incompressible_ratio: float = 0.97
     raw_above: float = 0.9
@@ -59,12 +67,23 @@ class WriteOptions:
             raise ConfigError(f"chunk_bytes must be a multiple of 64 in [4 KiB, 512 MiB], got {self.chunk_bytes}")
         if self.workers < 1 or self.codec_threads < 1:
             raise ConfigError("workers and codec_threads must be >= 1")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"cpu_threads must be >= 1 (or None for the default), got {self.cpu_threads}")
         if self.max_inflight_bytes < self.chunk_bytes:
             raise ConfigError("max_inflight_bytes must hold at least one chunk")
         if not 0.0 < self.incompressible_ratio <= 1.0:
             raise ConfigError("incompressible_ratio must be in (0, 1]")
         if not 0.0 < self.raw_above <= 1.0:
             raise ConfigError("raw_above must be in (0, 1]")
+
+
+def default_cpu_threads() -> int:
+    """Half the cores this process may run on: at least 1, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 2
+    return max(1, min(8, cores // 2))
 
 
 @dataclass
@@ -99,7 +118,8 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
     """Store every staged tensor; returns manifest entries and byte counts."""
     enc = PieceEncoder(chunks, codec=opts.codec, delta_codec=opts.delta_codec, level=opts.level,
                        threads=opts.codec_threads, incompressible_ratio=opts.incompressible_ratio,
-                       raw_above=opts.raw_above)
+                       raw_above=opts.raw_above,
+                       cpu=threading.BoundedSemaphore(opts.cpu_threads or default_cpu_threads()))
     slots = threading.BoundedSemaphore(max(1, opts.max_inflight_bytes // opts.chunk_bytes))
     results: dict[str, list[Future[PieceResult] | None]] = {}
     pending: set[Future] = set()
@@ -156,4 +176,4 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
     return entries, stats
 
 
-__all__ = ["WriteOptions", "WriteStats", "write_tensors", "BaseLookup"]
+__all__ = ["BaseLookup", "WriteOptions", "WriteStats", "default_cpu_threads", "write_tensors"]
