@@ -105,7 +105,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
         os.write(fd, bytes(memoryview(data)[:10]))
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(local, "_write_all", half_then_full)
+    monkeypatch.setattr(local, "write_all", half_then_full)
     for call in (lambda: store.put("x/y", b"n" * 100), lambda: store.put_if_absent("x/z", b"n" * 100)):
         with pytest.raises(CapacityError, match="no space"):
             call()
