@@ -235,3 +235,36 @@ def test_old_markers_expire(store):
     store.put(gcmod.SWEEPS + "000000000000002-b.json", _json.dumps({"state": "running", "deadline": old}).encode())
     collect_garbage(store, NOGRACE)
     assert [m["state"] for m in sweep_markers(store)] == ["done"]  # only this sweep's own marker
+
+
+def test_a_sigkilled_sweep_on_this_host_does_not_stall_the_next_save(tmp_path):
+    """A sweep killed mid-delete leaves its marker "running" with a deadline ~30 s ahead (plus
+    60 s of allowed clock skew). A saver on the same host sees the sweeper's process is gone and
+    goes straight to re-checking its chunks instead of waiting ~90 s; nothing referenced is lost."""
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    pool = [np.random.default_rng(i).standard_normal(16384).astype(np.float32) for i in range(40)]
+    with CheckpointManager(root, "j", CheckpointPolicy(full_every=1), options=SMALL) as mgr:
+        for step in range(40):
+            mgr.save(step, {"w": pool[step]}, blocking=True)
+    for step in range(39):
+        delete_checkpoint(store, "j", step)  # ~600 unreferenced chunks: a long, slow sweep
+    child = os.path.join(os.path.dirname(__file__), "sweep_child.py")
+    proc = subprocess.Popen([sys.executable, child, root], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("deleting") and int(line.split()[1]) >= 5:
+                break
+        proc.kill()  # SIGKILL mid-sweep
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    running = [m for m in sweep_markers(store, 0) if m.get("state") == "running"]
+    assert running and running[0]["deadline"] > time.time() + 5, running
+    with CheckpointManager(root, "j", CheckpointPolicy(full_every=1), options=SMALL) as mgr:
+        t = time.perf_counter()
+        mgr.save(100, {"w": pool[39], "v": pool[3]}, blocking=True)  # reuses the kept step's chunks
+        assert time.perf_counter() - t < 15
+        assert all(r.ok for r in mgr.verify(deep=True))
+        assert np.array_equal(mgr.restore(step=100)["v"], pool[3])

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -49,6 +48,7 @@ from ..checkpoint import manifest as mf
 from ..chunks import ChunkRef, ChunkStore
 from ..errors import ConfigError, IntegrityError, ManifestError, NotFoundError, TrainstoreError
 from ..store.base import Store
+from .liveness import identity, writer_dead
 from .retention import parse_duration
 
 log = logging.getLogger("trainstore.lifecycle.gc")
@@ -174,7 +174,7 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     # named by the hard deadline: savers skip (without reading) markers that ended long ago
     hard = t0 + float(opts.max_duration)  # type: ignore[arg-type]
     marker_key = f"{SWEEPS}{int(hard * 1000):015d}-{uuid.uuid4().hex[:12]}.json"
-    marker = {"state": "running", "started": t0, "host": os.uname().nodename, "pid": os.getpid()}
+    marker = {"state": "running", "started": t0, **identity()}
     beat = _Heartbeat(store, marker_key, marker, opts, now)
     if not dry_run:
         beat.start()  # (1) the marker is written before any listing, then kept alive
@@ -419,6 +419,10 @@ def _wait_for(stores: list[Store], running: set[str], poll_s: float) -> None:
                 m = _load_json(s, key)
                 if m is not None and m.get("state") == "running" \
                         and now <= float(m.get("deadline") or 0) + CLOCK_SKEW_S:
+                    if writer_dead(m):  # its process died: it deletes nothing more
+                        log.info("gc sweep %s was left running by dead process %s on this host; "
+                                 "not waiting for its deadline", key, m.get("pid"))
+                        continue
                     still.add(key)
         running = still
         if running:
