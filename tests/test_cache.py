@@ -123,6 +123,36 @@ def test_corrupt_hot_copy_is_refetched(store, tmp_path):
     assert fresh.stats.refetched_corrupt == 1
 
 
+def test_threads_that_find_the_same_corrupt_copy_refetch_it_once(store, tmp_path, monkeypatch):
+    """Readers that all found the hot copy corrupt wait for the one re-fetch, then hit it."""
+    import threading
+
+    objs = _fill_store(store, 1, 4096)
+    key, data = "obj/000", objs["obj/000"]
+    cache = HotCache(store, tmp_path / "hot", 100_000)
+    cs = content_hash(data)
+    cache.prefetch(key, checksum=cs, size=len(data))
+    with open(cache.path_of(key), "r+b") as f:
+        f.seek(7)
+        f.write(b"\x00\xff")
+    download = cache._download
+    monkeypatch.setattr(cache, "_download", lambda k, fd: (time.sleep(0.3), download(k, fd))[1])
+    start = threading.Barrier(4)
+    got = []
+
+    def read() -> None:
+        start.wait()
+        got.append(cache.get(key, checksum=cs, size=len(data)))
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [data] * 4
+    assert cache.stats.refetched_corrupt == 1 and cache.stats.misses == 2  # prefetch + one re-fetch
+
+
 def test_corrupt_durable_copy_names_the_key(store, tmp_path):
     store.put("obj/bad", b"x" * 100)
     cache = HotCache(store, tmp_path / "hot", 10_000)

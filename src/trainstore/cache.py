@@ -224,16 +224,13 @@ class HotCache:
             raise self._too_big(key, size)
         for _attempt in range(8):
             handle = self._try_pin(key, path)
+            corrupt = None
             if handle is not None:
                 if self._count_hit(handle, path, checksum, size):
                     return handle
+                corrupt = _stamp(handle._fd)
                 handle.close()
-                with self._mu:
-                    self.stats.refetched_corrupt += 1
-                log.warning("hot-tier copy of %s is corrupt; re-fetching from %s", key, self.store.url)
-                handle = self._fill(key, path, checksum, size, replace_corrupt=True)
-            else:
-                handle = self._fill(key, path, checksum, size, replace_corrupt=False)
+            handle = self._fill(key, path, checksum, size, corrupt=corrupt)
             if handle is not None:
                 return handle
         raise StoreError(f"could not pin {key!r} in the hot tier {self.root}: evicted repeatedly")
@@ -394,15 +391,24 @@ class HotCache:
         return ok
 
     def _fill(
-        self, key: str, path: str, checksum: str | None, size: int | None, replace_corrupt: bool
+        self, key: str, path: str, checksum: str | None, size: int | None,
+        corrupt: tuple[int, int, int] | None = None,
     ) -> PinnedFile | None:
+        """Download ``key`` into the cache, unless another thread or process filled (or replaced
+        the corrupt copy ``corrupt`` = its inode/size/mtime) while we waited for the key lock."""
         with self._key_lock(key):
-            if not replace_corrupt:
-                handle = self._try_pin(key, path)  # another process filled it while we waited
-                if handle is not None:
-                    if self._count_hit(handle, path, checksum, size):
-                        return handle
-                    handle.close()
+            handle = self._try_pin(key, path)
+            if handle is not None:
+                fresh = corrupt is None or _stamp(handle._fd) != corrupt
+                if fresh and self._count_hit(handle, path, checksum, size):
+                    return handle
+                if fresh:
+                    corrupt = _stamp(handle._fd)
+                handle.close()
+            if corrupt is not None:
+                with self._mu:
+                    self.stats.refetched_corrupt += 1
+                log.warning("hot-tier copy of %s is corrupt; re-fetching from %s", key, self.store.url)
             if size is None:
                 size = self._object_size(key)
             if size > self.config.limit_bytes:
@@ -597,6 +603,12 @@ def _write_marker(path: str, key: str) -> None:
         os.fsync(f.fileno())
     os.rename(tmp, path)
     fsync_dir(os.path.dirname(path))
+
+
+def _stamp(fd: int) -> tuple[int, int, int]:
+    """(inode, size, mtime) of an open file: tells one copy of a cached object from another."""
+    st = os.fstat(fd)
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _unlink_quiet(path: str) -> None:
