@@ -29,7 +29,6 @@ import errno
 import fcntl
 import hashlib
 import logging
-import mmap
 import os
 import secrets
 import threading
@@ -37,21 +36,27 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import blake3
 import filelock
 
+from .cache_files import (
+    TMP_PREFIX,
+    PinnedFile,
+    copy_file,
+    file_hash,
+    stamp,
+    unlink_quiet,
+    write_marker,
+)
 from .errors import CapacityError, ConfigError, IntegrityError, NotFoundError, StoreError
 from .store import Store, open_store, validate_key
 from .store.base import Buffer
-from .store.local import fsync_dir
+from .store.local import fsync_dir, write_all
 
 log = logging.getLogger(__name__)
 
-_TMP = ".tmp."
 # Files this process has verified: path -> (inode, size, mtime_ns). Shared by every HotCache
 # in the process, so a new cache object (a new Dataset, a new epoch) does not re-hash them.
 _VERIFIED: dict[str, tuple[int, int, int]] = {}
-_COPY_BLOCK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -104,59 +109,6 @@ class CacheStats:
         return {**self.__dict__, "hit_rate": self.hit_rate}
 
 
-class PinnedFile:
-    """A cached file held in use (shared flock) until ``close()``; eviction skips it."""
-
-    def __init__(self, key: str, path: str, fd: int, size: int, release) -> None:
-        self.key = key
-        self.path = path
-        self.size = size
-        self._fd = fd
-        self._release = release
-        self._closed = False
-
-    def mmap(self) -> mmap.mmap:
-        """A read-only memory map of the whole file (valid after close; the inode stays)."""
-        if self.size == 0:
-            raise ConfigError(f"cannot memory-map the empty cached object {self.key!r}")
-        return mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
-
-    def read(self) -> bytes:
-        with open(self.path, "rb") as f:
-            return f.read()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self._fd)  # drops the shared flock
-            self._release(self)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __enter__(self) -> PinnedFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # a forgotten handle must not pin a file forever
-        with contextlib.suppress(Exception):
-            self.close()
-
-    def __repr__(self) -> str:
-        return f"PinnedFile({self.key!r}, {self.path!r})"
-
-
-def _file_hash(fd: int, size: int) -> str:
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO if size >= (32 << 20) else 1)
-    if size:
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
-            h.update(m)
-    return h.hexdigest()
-
-
 class HotCache:
     """Read-through local cache in front of ``durable_store`` (see module docstring)."""
 
@@ -201,8 +153,8 @@ class HotCache:
         """Where ``key`` lives (or would live) in the cache."""
         validate_key(key)
         parts = key.split("/")
-        if any(p.startswith(_TMP) for p in parts):
-            raise ConfigError(f"cache key segment may not start with {_TMP!r}: {key!r}")
+        if any(p.startswith(TMP_PREFIX) for p in parts):
+            raise ConfigError(f"cache key segment may not start with {TMP_PREFIX!r}: {key!r}")
         return os.path.join(self._obj_ns, *parts)
 
     def _marker(self, key: str) -> str:
@@ -228,7 +180,7 @@ class HotCache:
             if handle is not None:
                 if self._count_hit(handle, path, checksum, size):
                     return handle
-                corrupt = _stamp(handle._fd)
+                corrupt = stamp(handle._fd)
                 handle.close()
             handle = self._fill(key, path, checksum, size, corrupt=corrupt)
             if handle is not None:
@@ -267,21 +219,21 @@ class HotCache:
             self._make_room(size, key)
             fd, tmp = self._temp_in(path)
             try:
-                _write_fd(fd, view)
+                write_all(fd, view)
                 os.fsync(fd)
                 fcntl.flock(fd, fcntl.LOCK_SH)
-                _write_marker(self._marker(key), key)
+                write_marker(self._marker(key), key)
                 os.rename(tmp, path)
                 fsync_dir(os.path.dirname(path))
             except BaseException:
                 os.close(fd)
-                _unlink_quiet(tmp)
+                unlink_quiet(tmp)
                 raise
         return self._handle(key, path, fd, size)
 
     def mark_durable(self, key: str) -> None:
         """``key`` is now safe in the durable store: it may be evicted like any cached file."""
-        _unlink_quiet(self._marker(key))
+        unlink_quiet(self._marker(key))
 
     def is_local_only(self, key: str) -> bool:
         return os.path.exists(self._marker(key))
@@ -290,7 +242,7 @@ class HotCache:
         """Keys of local-only entries in this namespace (from any process)."""
         out = []
         for entry in os.scandir(self._pending):
-            if entry.name.startswith(_TMP):
+            if entry.name.startswith(TMP_PREFIX):
                 continue
             with contextlib.suppress(OSError), open(entry.path, encoding="utf-8") as f:
                 out.append(f.read())
@@ -384,7 +336,7 @@ class HotCache:
             with self._mu:
                 if self._verified.get(handle.path) == stamp:
                     return True
-        ok = _file_hash(handle._fd, handle.size) == checksum
+        ok = file_hash(handle._fd, handle.size) == checksum
         if ok:
             with self._mu:
                 self._verified[handle.path] = stamp
@@ -399,11 +351,11 @@ class HotCache:
         with self._key_lock(key):
             handle = self._try_pin(key, path)
             if handle is not None:
-                fresh = corrupt is None or _stamp(handle._fd) != corrupt
+                fresh = corrupt is None or stamp(handle._fd) != corrupt
                 if fresh and self._count_hit(handle, path, checksum, size):
                     return handle
                 if fresh:
-                    corrupt = _stamp(handle._fd)
+                    corrupt = stamp(handle._fd)
                 handle.close()
             if corrupt is not None:
                 with self._mu:
@@ -421,7 +373,7 @@ class HotCache:
                     raise IntegrityError(
                         f"object {key!r} in {self.store.url} is {written} bytes, expected {size}"
                     )
-                if checksum is not None and _file_hash(fd, written) != checksum:
+                if checksum is not None and file_hash(fd, written) != checksum:
                     raise IntegrityError(
                         f"object {key!r} in the durable store {self.store.url} does not match "
                         "its checksum (corrupted at the source)"
@@ -432,7 +384,7 @@ class HotCache:
                 os.rename(tmp, path)
             except BaseException:
                 os.close(fd)
-                _unlink_quiet(tmp)
+                unlink_quiet(tmp)
                 raise
             st = os.fstat(fd)
             with self._mu:
@@ -452,17 +404,17 @@ class HotCache:
         if src is not None:
             try:
                 with open(src, "rb") as f:
-                    return _copy_file(f.fileno(), fd)
+                    return copy_file(f.fileno(), fd)
             except FileNotFoundError:
                 raise NotFoundError(f"object {key!r} not found in {self.store.url}") from None
         data = memoryview(self.store.get(key)).cast("B")
-        _write_fd(fd, data)
+        write_all(fd, data)
         return data.nbytes
 
     def _temp_in(self, path: str) -> tuple[int, str]:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f"{_TMP}{secrets.token_hex(8)}")
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{secrets.token_hex(8)}")
         return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
 
     def _touch(self, path: str) -> None:
@@ -488,9 +440,9 @@ class HotCache:
                     st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if e.name.startswith(_TMP):
+                if e.name.startswith(TMP_PREFIX):
                     if now - st.st_mtime > self.config.stale_temp_s:
-                        _unlink_quiet(e.path)
+                        unlink_quiet(e.path)
                         continue
                 yield e.path, st.st_size, st.st_atime
 
@@ -506,7 +458,7 @@ class HotCache:
                 if used + incoming <= limit:
                     return
                 for path, sz, _atime in sorted(files, key=lambda f: f[2]):
-                    if os.path.basename(path).startswith(_TMP):
+                    if os.path.basename(path).startswith(TMP_PREFIX):
                         continue
                     freed = self._evict_file(path, self._marker_for_path(path))
                     if freed > 0:
@@ -569,51 +521,6 @@ class HotCache:
 
     def __repr__(self) -> str:
         return f"HotCache({self.store.url!r}, {self.root!r}, limit={self.config.limit_bytes})"
-
-
-def _write_fd(fd: int, view: memoryview) -> None:
-    view = view.cast("B") if view.format != "B" else view
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _copy_file(src: int, dst: int) -> int:
-    total = 0
-    try:
-        while n := os.copy_file_range(src, dst, _COPY_BLOCK):
-            total += n
-        return total
-    except OSError:  # no in-kernel copy here (old kernel, other file system): plain copy
-        os.lseek(src, 0, os.SEEK_SET)
-        os.lseek(dst, 0, os.SEEK_SET)
-        os.ftruncate(dst, 0)
-    total = 0
-    while chunk := os.read(src, _COPY_BLOCK):
-        _write_fd(dst, memoryview(chunk))
-        total += len(chunk)
-    return total
-
-
-def _write_marker(path: str, key: str) -> None:
-    tmp = os.path.join(os.path.dirname(path), f"{_TMP}{secrets.token_hex(8)}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(key)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    fsync_dir(os.path.dirname(path))
-
-
-def _stamp(fd: int) -> tuple[int, int, int]:
-    """(inode, size, mtime) of an open file: tells one copy of a cached object from another."""
-    st = os.fstat(fd)
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _unlink_quiet(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 __all__ = ["CacheConfig", "CacheStats", "HotCache", "PinnedFile"]
