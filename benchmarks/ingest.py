@@ -49,37 +49,52 @@ def plain_parquet(table: pa.Table, root: str) -> float:
     return time.perf_counter() - t
 
 
-def trainstore_ingest(table: pa.Table, root: str, per_write: int, durability: str) -> float:
+def trainstore_ingest(table: pa.Table, root: str, per_write: int, durability: str) -> tuple[float, float]:
+    """(seconds until the last ``write`` returned = every record acknowledged durable,
+    seconds until ``commit`` published the version)."""
     cfg = IngestConfig(wal_dir=os.path.join(root, "wal"), durability=durability, shard_bytes=32 << 20)
     t = time.perf_counter()
     with Ingestor(os.path.join(root, "store"), "bench", config=cfg) as ing:
         for start in range(0, table.num_rows, per_write):
             ing.write(table.slice(start, per_write))
+        acked = time.perf_counter() - t
         ing.commit()
-    return time.perf_counter() - t
+    return acked, time.perf_counter() - t
+
+
+#: (record size, records per ``write``): 1 KB records in 4 MiB writes; 1 MB records in 4, 16
+#: and 64 MiB writes (in "shard" mode every write ends a shard, so its size matters most).
+CASES = ((1024, 4096), (1 << 20, 4), (1 << 20, 16), (1 << 20, 64))
 
 
 def bench_ingest(repeats: int, total: int) -> None:
     print(f"== durable ingest, {total >> 20} MiB per run, {repeats} interleaved repeats (MB/s, median)")
-    for record_bytes, per_write in ((1024, 4096), (1 << 20, 4)):
+    print("   acked = until the last write() returned (records durable: WAL fsynced, or shard stored);")
+    print("   committed = until commit() published the dataset version (every shard uploaded)")
+    for record_bytes, per_write in CASES:
         table = make_table(record_bytes, total)
         mb = table.nbytes / 1e6
-        times: dict[str, list[float]] = {"pyarrow write_table + fsync": [], "Ingestor wal": [], "Ingestor shard": []}
+        plain: list[float] = []
+        acked: dict[str, list[float]] = {"wal": [], "shard": []}
+        committed: dict[str, list[float]] = {"wal": [], "shard": []}
         for _ in range(repeats):
-            for name in times:
+            for name in ("pyarrow", "wal", "shard"):
                 root = tempfile.mkdtemp(prefix="ts-bench-ingest-")
                 try:
-                    if name.startswith("pyarrow"):
-                        times[name].append(plain_parquet(table, root))
+                    if name == "pyarrow":
+                        plain.append(plain_parquet(table, root))
                     else:
-                        times[name].append(trainstore_ingest(table, root, per_write, name.split()[1]))
+                        a, c = trainstore_ingest(table, root, per_write, name)
+                        acked[name].append(a)
+                        committed[name].append(c)
                 finally:
                     shutil.rmtree(root, ignore_errors=True)
-        base = mb / statistics.median(times["pyarrow write_table + fsync"])
-        label = "1 KB" if record_bytes == 1024 else "1 MB"
-        for name, ts in times.items():
-            rate = mb / statistics.median(ts)
-            print(f"  {label} records, {name:28s} {rate:8.1f} MB/s   x{rate / base:.2f} of pyarrow")
+        base = mb / statistics.median(plain)
+        label = ("1 KB" if record_bytes == 1024 else "1 MB") + f" records, {per_write * record_bytes >> 20} MiB per write"
+        print(f"  {label}: pyarrow write_table + fsync {base:7.1f} MB/s")
+        for name in ("wal", "shard"):
+            ra, rc = mb / statistics.median(acked[name]), mb / statistics.median(committed[name])
+            print(f"    Ingestor {name:5s}: acked {ra:7.1f} MB/s x{ra / base:.2f}   committed {rc:7.1f} MB/s x{rc / base:.2f}")
 
 
 def bench_transform(repeats: int, rows: int) -> None:
@@ -117,7 +132,7 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=64)
     ap.add_argument("--rows", type=int, default=400_000)
     args = ap.parse_args()
-    print(f"machine: {os.cpu_count()} CPUs (shared with other jobs while measured)")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     bench_ingest(args.repeats, args.mb << 20)
     bench_transform(args.repeats, args.rows)
 
