@@ -52,7 +52,9 @@ def plain_parquet(table: pa.Table, root: str) -> float:
 def trainstore_ingest(table: pa.Table, root: str, per_write: int, durability: str) -> tuple[float, float]:
     """(seconds until the last ``write`` returned = every record acknowledged durable,
     seconds until ``commit`` published the version)."""
-    cfg = IngestConfig(wal_dir=os.path.join(root, "wal"), durability=durability, shard_bytes=32 << 20)
+    direct = {} if durability != "wal-logonly" else {"direct_bytes": None}  # default: 16 MiB writes skip the log
+    cfg = IngestConfig(wal_dir=os.path.join(root, "wal"), durability=durability.removesuffix("-logonly"),
+                       shard_bytes=32 << 20, **direct)
     t = time.perf_counter()
     with Ingestor(os.path.join(root, "store"), "bench", config=cfg) as ing:
         for start in range(0, table.num_rows, per_write):
@@ -71,14 +73,16 @@ def bench_ingest(repeats: int, total: int) -> None:
     print(f"== durable ingest, {total >> 20} MiB per run, {repeats} interleaved repeats (MB/s, median)")
     print("   acked = until the last write() returned (records durable: WAL fsynced, or shard stored);")
     print("   committed = until commit() published the dataset version (every shard uploaded)")
+    print("   wal = default config (writes >= 16 MiB skip the log); wal-logonly = direct_bytes=None")
     for record_bytes, per_write in CASES:
         table = make_table(record_bytes, total)
         mb = table.nbytes / 1e6
         plain: list[float] = []
-        acked: dict[str, list[float]] = {"wal": [], "shard": []}
-        committed: dict[str, list[float]] = {"wal": [], "shard": []}
+        modes = ("wal", "wal-logonly", "shard")
+        acked: dict[str, list[float]] = {m: [] for m in modes}
+        committed: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(repeats):
-            for name in ("pyarrow", "wal", "shard"):
+            for name in ("pyarrow", *modes):
                 root = tempfile.mkdtemp(prefix="ts-bench-ingest-")
                 try:
                     if name == "pyarrow":
@@ -92,9 +96,9 @@ def bench_ingest(repeats: int, total: int) -> None:
         base = mb / statistics.median(plain)
         label = ("1 KB" if record_bytes == 1024 else "1 MB") + f" records, {per_write * record_bytes >> 20} MiB per write"
         print(f"  {label}: pyarrow write_table + fsync {base:7.1f} MB/s")
-        for name in ("wal", "shard"):
+        for name in modes:
             ra, rc = mb / statistics.median(acked[name]), mb / statistics.median(committed[name])
-            print(f"    Ingestor {name:5s}: acked {ra:7.1f} MB/s x{ra / base:.2f}   committed {rc:7.1f} MB/s x{rc / base:.2f}")
+            print(f"    Ingestor {name:11s}: acked {ra:7.1f} MB/s x{ra / base:.2f}   committed {rc:7.1f} MB/s x{rc / base:.2f}")
 
 
 def bench_transform(repeats: int, rows: int) -> None:

@@ -11,8 +11,10 @@ from trainstore.data.ingest import IngestConfig, Ingestor
 
 store, wal_dir, durability, start, seed = sys.argv[1:6]
 rng = random.Random(int(seed))
-config = IngestConfig(wal_dir=wal_dir, durability=durability, shard_bytes=16 << 10,
-                      max_buffered_bytes=64 << 10, upload_workers=2)
+# "wal-direct": the log, but writes of >= 4 KiB go straight to shards (IngestConfig.direct_bytes)
+direct = 4096 if durability == "wal-direct" else None
+config = IngestConfig(wal_dir=wal_dir, durability=durability.removesuffix("-direct"), shard_bytes=16 << 10,
+                      max_buffered_bytes=64 << 10, upload_workers=2, direct_bytes=direct)
 ing = Ingestor(store, "crash", config=config)
 print("READY", ing.recovered_rows, flush=True)
 next_id = int(start)

@@ -65,7 +65,7 @@ def _run_child(store: str, wal: str, durability: str, start: int, seed: int, kil
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("durability,reps", [("wal", 20), ("shard", 4)])
+@pytest.mark.parametrize("durability,reps", [("wal", 20), ("shard", 4), ("wal-direct", 8)])
 def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(tmp_path, durability, reps):
     store, wal = str(tmp_path / "store"), str(tmp_path / "wal")
     rng = random.Random(1234)
@@ -75,7 +75,7 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(tmp_path, dura
         acked |= _run_child(store, wal, durability, rep * 1_000_000, rng.randrange(1 << 30),
                             rng.uniform(0.0, 0.6), wait_for)
     assert acked, "children never acknowledged anything"
-    with Ingestor(store, "crash", config=IngestConfig(wal_dir=wal, durability=durability)) as ing:
+    with Ingestor(store, "crash", config=IngestConfig(wal_dir=wal, durability=durability.removesuffix("-direct"))) as ing:
         ing.commit()
     ids = _ids(store)
     duplicated = [i for i, c in ids.items() if c > 1]
