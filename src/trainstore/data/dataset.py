@@ -34,6 +34,7 @@ from .versions import (
     next_version,
     parse_ref,
     shards_prefix,
+    tensor_layout,
 )
 
 LAYOUT = "arrow-ipc"
@@ -288,13 +289,8 @@ class Dataset:
         """(numpy dtype, per-row shape) of a column; dtype None = not a tensor (object array)."""
         field = self.version.schema.field(name)
         desc = self.version.extra.get("columns", {}).get(name) or {}
-        t, shape = field.type, []
-        if isinstance(t, pa.FixedShapeTensorType):
-            shape, t = list(t.shape), t.value_type
-        while pa.types.is_fixed_size_list(t):
-            shape.append(t.list_size)
-            t = t.value_type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        t, shape, numeric = tensor_layout(field.type)
+        if not numeric:
             if shape:
                 raise SchemaError(f"column {name!r}: fixed-size list of {t} is not a tensor")
             return None, ()

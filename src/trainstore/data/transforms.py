@@ -49,6 +49,7 @@ from .versions import (
     read_shard,
     schema_from_b64,
     shards_prefix,
+    tensor_layout,
 )
 
 
@@ -92,13 +93,7 @@ def column_info(schema: pa.Schema) -> dict[str, dict]:
     ``dtype``/``shape`` None. ``arrow`` is the Arrow type as text."""
     out = {}
     for f in schema:
-        t, shape = f.type, []
-        if isinstance(t, pa.FixedShapeTensorType):
-            shape, t = list(t.shape), t.value_type
-        while pa.types.is_fixed_size_list(t):
-            shape.append(t.list_size)
-            t = t.value_type
-        primitive = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+        t, shape, primitive = tensor_layout(f.type)
         dtype = t.to_pandas_dtype().__name__ if primitive and not pa.types.is_boolean(t) else None
         if pa.types.is_boolean(t):
             dtype = None  # Arrow booleans are bit-packed: not zero-copy

@@ -56,6 +56,19 @@ def schema_to_b64(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
 
+def tensor_layout(t: pa.DataType) -> tuple[pa.DataType, list[int], bool]:
+    """(element type, per-row shape, numeric) of a column type: a fixed_shape_tensor or
+    nested fixed_size_list unwraps to its element type and shape; a scalar has shape ``[]``.
+    ``numeric``: the element is an integer, float or boolean (maps to a numpy dtype)."""
+    shape: list[int] = []
+    if isinstance(t, pa.FixedShapeTensorType):
+        shape, t = list(t.shape), t.value_type
+    while pa.types.is_fixed_size_list(t):
+        shape.append(t.list_size)
+        t = t.value_type
+    return t, shape, pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
 def schema_from_b64(text: str) -> pa.Schema:
     try:
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
