@@ -103,23 +103,31 @@ def retain(url: str, job: str = JobOpt,
            allow_http: bool | None = HttpOpt) -> None:
     """Apply retention rules (default: the preset - all of the last week, full ones of the last
     month, registered forever). Deleted checkpoints' chunks are reclaimed by `ckpt gc`."""
-    from ..lifecycle.retention import KeepBest, RetentionPolicy, apply_retention
+    from ..lifecycle import retention as rt
 
-    rules = dict(keep_last=keep_last, keep_within=keep_within, keep_full_within=keep_full_within,
-                 keep_every=keep_every, keep_best=tuple(KeepBest.parse(b) for b in keep_best))
-    if any(v for v in rules.values()):
-        policy = RetentionPolicy(**rules, keep_registered=keep_registered, allow_delete_all=allow_delete_all)
-    else:
-        policy = RetentionPolicy(keep_within="7d", keep_full_within="30d", keep_registered=keep_registered,
-                                 allow_delete_all=allow_delete_all)
+    rules: list[rt.Rule] = []
+    if keep_last:
+        rules.append(rt.LatestN(keep_last))
+    if keep_within:
+        rules.append(rt.Within(keep_within))
+    if keep_full_within:
+        rules.append(rt.FullWithin(keep_full_within))
+    if keep_every:
+        rules.append(rt.EveryNSteps(keep_every))
+    rules += [rt.BestN.parse(b) for b in keep_best]
+    if not rules:
+        rules = [rt.Within("7d"), rt.FullWithin("30d")]
+    if keep_registered:
+        rules.append(rt.Registered())
+    policy = rt.AnyOf(*rules)
     store = _store(url, endpoint, region, allow_http)
     if not mf.list_steps(store, job):
         raise NotFoundError(f"job {job!r} has no checkpoints in {store.url}")
-    plan = apply_retention(store, job, policy, dry_run=dry_run)
+    plan = rt.apply_retention(store, job, policy, dry_run=dry_run, allow_delete_all=allow_delete_all)
     if json_out:
         emit_json(plan.to_json())
         return
-    title = f"{escape(store.url)} job {escape(job)}: {policy.describe()}" + (" [dry run]" if dry_run else "")
+    title = f"{escape(store.url)} job {escape(job)}: {rt.describe(policy)}" + (" [dry run]" if dry_run else "")
     table = Table("step", "kind", "created", "decision", "why", title=title)
     for d in plan.decisions:
         mark = "[green]keep[/green]" if d.keep else ("[yellow]would delete[/yellow]" if dry_run else "[red]deleted[/red]")

@@ -18,7 +18,16 @@ from ..checkpoint import CheckpointManager
 from ..lifecycle.export import export_version
 from ..lifecycle.gc import GcOptions, collect_garbage
 from ..lifecycle.registry import Registry
-from ..lifecycle.retention import KeepBest, RetentionPolicy, apply_retention
+from ..lifecycle.retention import (
+    AnyOf,
+    BestN,
+    EveryNSteps,
+    LatestN,
+    Registered,
+    Rule,
+    apply_retention,
+    describe,
+)
 from .context import RunContext
 from .svg import human_bytes
 
@@ -26,11 +35,11 @@ MODEL = "ticket-classifier"
 METRIC = "val_loss"
 
 
-def retention_policy(full_every: int) -> RetentionPolicy:
+def retention_policy(full_every: int) -> Rule:
     """Keep the newest 3, every ``full_every``-th step (the full checkpoints) as milestones, and
     the best 2 by validation loss; registered checkpoints and bases of kept incrementals always.
     Old milestones then go to the archive tier."""
-    return RetentionPolicy(keep_last=3, keep_every=full_every, keep_best=(KeepBest(METRIC, 2, "min"),))
+    return AnyOf(LatestN(3), EveryNSteps(full_every), BestN(METRIC, 2, "min"), Registered())
 
 
 def lifecycle_stage(ctx: RunContext, job: str, dataset: str) -> dict:
@@ -65,8 +74,8 @@ def lifecycle_stage(ctx: RunContext, job: str, dataset: str) -> dict:
 
             policy = retention_policy(ctx.config.train.full_every)
             plan = apply_retention(ctx.store, job, policy)  # the hot tier holds only the newest already
-            out["retention"] = {**plan.to_json(), "policy": policy.describe()}
-            rows.append(("retention", f"{policy.describe()}: kept {len(plan.kept)}, deleted {len(plan.deleted)}"))
+            out["retention"] = {**plan.to_json(), "policy": describe(policy)}
+            rows.append(("retention", f"{describe(policy)}: kept {len(plan.kept)}, deleted {len(plan.deleted)}"))
             ctx.advance(task, note=f"retention kept {len(plan.kept)}")
 
             archived = tiers.archive(job)
