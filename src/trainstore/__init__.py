@@ -6,32 +6,14 @@ used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import lazy_loader
 
-from . import errors
-from .errors import TrainstoreError
-from .store import open_store
+from . import errors as errors
+from .errors import TrainstoreError as TrainstoreError
+from .store import open_store as open_store
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one source of the version (pyproject reads it)
 
-_LAZY = {
-    "ChunkStore": "trainstore.chunks",
-    "ChunkRef": "trainstore.chunks",
-    "HotCache": "trainstore.cache",
-    "CheckpointManager": "trainstore.checkpoint",
-    "CheckpointPolicy": "trainstore.checkpoint",
-    "CheckpointInfo": "trainstore.checkpoint",
-    "Registry": "trainstore.lifecycle.registry",
-    "RetentionPolicy": "trainstore.lifecycle.retention",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainstore' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = ["TrainstoreError", "errors", "open_store", "__version__", *_LAZY]
+# Every other public name is listed in __init__.pyi and imported on first use.
+__getattr__, __dir__, _lazy_names = lazy_loader.attach_stub(__name__, __file__)
+__all__ = [*_lazy_names, "__version__"]

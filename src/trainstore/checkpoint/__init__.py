@@ -8,26 +8,7 @@ chunk writes), ``delta`` (incremental XOR deltas), ``reader`` (restore), ``verif
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import lazy_loader
 
-_LAZY = {
-    "CheckpointManager": "trainstore.checkpoint.manager",
-    "CheckpointPolicy": "trainstore.checkpoint.manager",
-    "CheckpointInfo": "trainstore.checkpoint.manager",
-    "SaveHandle": "trainstore.checkpoint.manager",
-    "RestoreResult": "trainstore.checkpoint.manager",
-    "Manifest": "trainstore.checkpoint.manifest",
-    "capture_rng": "trainstore.checkpoint.rng",
-    "restore_rng": "trainstore.checkpoint.rng",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainstore.checkpoint' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = list(_LAZY)
+# Every other public name is listed in __init__.pyi and imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,0 +1,18 @@
+"""Names of this package, imported lazily at run time (lazy_loader reads this stub);
+type checkers read it as the package's interface."""
+
+from . import errors as errors
+from .errors import TrainstoreError as TrainstoreError
+from .store import open_store as open_store
+
+__version__: str
+
+from .cache import HotCache as HotCache
+from .checkpoint import (
+    CheckpointInfo as CheckpointInfo,
+    CheckpointManager as CheckpointManager,
+    CheckpointPolicy as CheckpointPolicy,
+)
+from .chunks import ChunkRef as ChunkRef, ChunkStore as ChunkStore
+from .lifecycle.registry import Registry as Registry
+from .lifecycle.retention import RetentionPolicy as RetentionPolicy

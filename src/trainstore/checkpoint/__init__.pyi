@@ -1,0 +1,12 @@
+"""Names of this package, imported lazily at run time (lazy_loader reads this stub);
+type checkers read it as the package's interface."""
+
+from .manager import (
+    CheckpointInfo as CheckpointInfo,
+    CheckpointManager as CheckpointManager,
+    CheckpointPolicy as CheckpointPolicy,
+    RestoreResult as RestoreResult,
+    SaveHandle as SaveHandle,
+)
+from .manifest import Manifest as Manifest
+from .rng import capture_rng as capture_rng, restore_rng as restore_rng
