@@ -46,7 +46,6 @@ naming the key, never a KeyError or a half-built object.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from typing import Any
 
 from ..chunks import HASH_HEX_LEN, ChunkRef, content_hash
 from ..errors import ConfigError, ManifestError, NotFoundError
+from ..naming import check_name
 from ..store.base import Store
 
 FORMAT = "trainstore.checkpoint/1"
@@ -62,16 +62,13 @@ STEP_DIGITS = 12
 MANIFEST_NAME = "manifest.json"
 VERIFY_NAME = "verify.json"
 #: A job name is one path segment: letters, digits, ``._-``, at most 128 characters.
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MAX_MANIFEST_BYTES = 256 << 20
 
 
 # -- layout -------------------------------------------------------------------------------
 def check_job(job: str) -> str:
     """Return ``job`` if it is a valid job name, else raise ``ConfigError``."""
-    if not isinstance(job, str) or not _JOB.match(job):
-        raise ConfigError(f"job name must match {_JOB.pattern}, got {job!r}")
-    return job
+    return check_name(job, "job name")
 
 
 def check_step(step: object) -> int:

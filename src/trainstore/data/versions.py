@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .. import naming
 from ..chunks import content_hash
 from ..errors import (
     AlreadyExistsError,
@@ -35,13 +36,10 @@ from ..store.base import Buffer, Store, validate_key
 FORMAT = "trainstore.dataset/1"
 LAYOUTS = ("parquet", "arrow-ipc")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"dataset name must match {_NAME.pattern}, got {name!r}")
-    return name
+    return naming.check_name(name, "dataset name")
 
 
 def versions_prefix(name: str) -> str:

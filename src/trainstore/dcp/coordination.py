@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from ..checkpoint import manifest as mf
 from ..errors import ConfigError, DistributedError, TrainstoreError
+from ..naming import NAME_PATTERN
 from ..store.base import Store
 
-_ID = re.compile(r"^(?:trainstore:(?P<url>[^#]+)#)?(?:(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,127})@)?(?P<step>\d{1,12})$")
+_ID = re.compile(rf"^(?:trainstore:(?P<url>[^#]+)#)?(?:(?P<job>{NAME_PATTERN})@)?(?P<step>\d{{1,12}})$")
 
 
 @dataclass(frozen=True)

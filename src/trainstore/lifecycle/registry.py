@@ -24,12 +24,12 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import naming
 from ..checkpoint import manifest as mf
 from ..chunks import content_hash
 from ..errors import AlreadyExistsError, ConfigError, ConflictError, ManifestError, NotFoundError
@@ -39,15 +39,12 @@ from ..store.base import Store
 PREFIX = "registry/models/"
 VERSION_FORMAT = "trainstore.model-version/1"
 ALIAS_FORMAT = "trainstore.alias-event/1"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MAX_RETRIES = 1000
 _UNSET: Any = object()
 
 
 def check_name(name: object, what: str = "model name") -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{what} must match {_NAME.pattern}, got {name!r}")
-    return name
+    return naming.check_name(name, what)
 
 
 @dataclass(frozen=True)
