@@ -39,6 +39,20 @@ _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 @dataclass(frozen=True)
+class StoreCapabilities:
+    """What a store can do, asked through the interface (never by ``isinstance`` or duck
+    typing): ``local`` - objects are files on this machine (``local_path`` answers);
+    ``fsync`` - a returned ``put`` is on stable storage of this machine (local stores with
+    fsync on); ``tiered`` - the store fronts other stores (``tiers()`` lists them, fastest
+    first); ``read_only`` - writes raise ``ReadOnlyError``."""
+
+    local: bool = False
+    fsync: bool = False
+    tiered: bool = False
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class ObjectMeta:
     """What ``head`` and ``list`` report about one object."""
 
@@ -130,6 +144,16 @@ class Store(abc.ABC):
     def local_path(self, key: str) -> str | None:
         """A filesystem path holding the object's bytes, if the store is local; else None."""
         return None
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What this store can do (see ``StoreCapabilities``); stores override it."""
+        return StoreCapabilities()
+
+    def tiers(self) -> tuple[Store, ...]:
+        """The stores behind this one, fastest first (hot, durable, archive); a plain store
+        is its own single tier."""
+        return (self,)
 
     def close(self) -> None:
         """Release resources (connections, thread pools). The store is unusable after."""
