@@ -192,13 +192,16 @@ class Ingestor:
         """Append records; durable on return (see the module docstring). Returns the row count."""
         self._check()
         table = to_table(data, self.schema)
-        if self.schema is None:
-            self.schema = table.schema
         if table.num_rows == 0:
             return 0
         direct = self.config.durability == "shard" or (
             self.config.direct_bytes is not None and table.nbytes >= self.config.direct_bytes)
-        if direct and self.config.durability == "wal":
+        if not direct:
+            self._log(table)
+            self._fix_schema(table.schema)
+            return table.num_rows
+        self._fix_schema(table.schema)
+        if self.config.durability == "wal":
             self._seal()  # records already in the log become a shard first: order is kept
         per_row = max(1, table.nbytes // table.num_rows)
         start = 0
@@ -206,12 +209,26 @@ class Ingestor:
             room = max(1, (self.config.shard_bytes - self._buffer_bytes) // per_row)
             piece = table.slice(start, room)
             start += piece.num_rows
-            self._append(piece, logged=not direct)
+            self._append(piece, logged=False)
             if self._buffer_bytes >= self.config.shard_bytes:
                 self._seal()
-        if direct:
-            self.flush()  # durable on return: every shard of this write is stored
+        self.flush()  # durable on return: every shard of this write is stored
         return table.num_rows
+
+    def _fix_schema(self, schema: pa.Schema) -> None:
+        """The first stored write fixes the schema (a write that failed does not)."""
+        if self.schema is None:
+            self.schema = schema
+
+    def _log(self, table: pa.Table) -> None:
+        """Log one write as one WAL frame, so it is logged whole or (if the append fails) not
+        at all: a write is never split across segments, and a write larger than
+        ``shard_bytes`` becomes a shard of its own."""
+        if self._buffer and self._buffer_bytes + table.nbytes > self.config.shard_bytes:
+            self._seal()
+        self._append(table)
+        if self._buffer_bytes >= self.config.shard_bytes:
+            self._seal()
 
     def _append(self, table: pa.Table, logged: bool = True) -> None:
         if logged:

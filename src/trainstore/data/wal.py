@@ -8,7 +8,10 @@ file). It holds:
   ``MAGIC | u64 payload length | 16-byte BLAKE3 of payload | payload`` where the payload is
   one Arrow IPC stream (schema + batches). A frame is appended and ``fsync``'d before
   ``write`` returns. A crash mid-append leaves a torn tail, which ``read_segment`` stops at
-  (that write was never acknowledged).
+  (that write was never acknowledged). An append that *fails* (ENOSPC, EIO) cuts the
+  segment back to its last good frame before raising, so later frames never land behind a
+  broken one (replay would stop there and drop them); if that cut fails too, the log
+  refuses every further append until it is reopened (replay then cuts the torn tail).
 * ``uploaded.jsonl``: one line per segment that is now a durable shard in the store
   (``ShardInfo`` + ``seq``), appended and fsynced before the segment file is deleted.
 
@@ -32,7 +35,7 @@ import filelock
 import pyarrow as pa
 
 from ..errors import ConfigError, StoreError
-from ..store.local import fsync_dir, write_all
+from ..store.local import fsync_dir, io_error, write_all
 from .versions import ShardInfo
 
 MAGIC = b"TSW1"
@@ -73,10 +76,28 @@ def read_segment(path: str) -> tuple[list[pa.Table], int]:
     return tables, pos
 
 
-class WriteAheadLog:
-    """Segments of acknowledged records, and the journal of segments already uploaded."""
+class SegmentIO:
+    """The system calls the WAL appends segments with; a test passes a subclass that fails
+    at a chosen byte or call (EIO, ENOSPC) to check what a failed append leaves behind."""
 
-    def __init__(self, directory: str, store_url: str, dataset: str) -> None:
+    def write(self, fd: int, data: Any) -> None:
+        write_all(fd, data)
+
+    def sync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+
+class WriteAheadLog:
+    """Segments of acknowledged records, and the journal of segments already uploaded.
+
+    ``io``: how segment bytes are written, synced and cut back (default: plain ``os`` calls).
+    """
+
+    def __init__(self, directory: str, store_url: str, dataset: str, *, io: SegmentIO | None = None) -> None:
+        self.io = io or SegmentIO()
         self.dir = os.path.abspath(directory)
         os.makedirs(self.dir, exist_ok=True)
         self._lock = filelock.FileLock(os.path.join(self.dir, "lock"), timeout=0)
@@ -89,6 +110,7 @@ class WriteAheadLog:
         self._fd: int | None = None
         self._active_seq: int | None = None
         self.active_bytes = 0
+        self._broken: str | None = None  # why appends are refused (a failed cut-back)
 
     def _load_or_create_meta(self, store_url: str, dataset: str) -> str:
         path = os.path.join(self.dir, "wal.json")
@@ -129,23 +151,55 @@ class WriteAheadLog:
     def open_segment(self, seq: int) -> None:
         """Start appending to a fresh segment ``seq``."""
         self.close_segment()
-        self._fd = os.open(self.segment_path(seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        fsync_dir(self.dir)
+        path = self.segment_path(seq)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise io_error(exc, f"creating WAL segment {path}") from exc
+        try:
+            fsync_dir(self.dir)
+        except OSError as exc:
+            os.close(fd)
+            raise io_error(exc, f"creating WAL segment {path}") from exc
+        self._fd = fd
         self._active_seq = seq
-        self.active_bytes = 0
+        self.active_bytes = os.fstat(self._fd).st_size
 
     def append(self, table: pa.Table) -> None:
-        """Append one frame and fsync: after this returns the records survive a crash."""
+        """Append one frame and fsync: after this returns the records survive a crash.
+
+        On failure the frame is cut off again (the segment ends at its last good frame) and
+        ``CapacityError`` (disk full) or ``StoreError`` is raised: the records are not
+        logged. If the cut fails as well, this log refuses appends until reopened.
+        """
+        if self._broken is not None:
+            raise StoreError(self._broken)
         if self._fd is None:
             raise StoreError("no open WAL segment")
+        path = self.segment_path(self._active_seq or 0)
         buffers = encode_frame(table)
         try:
             for b in buffers:
-                write_all(self._fd, b)
-            os.fsync(self._fd)
+                self.io.write(self._fd, b)
+            self.io.sync(self._fd)
         except OSError as exc:
-            raise StoreError(f"writing WAL segment {self.segment_path(self._active_seq or 0)}: {exc}") from exc
+            self._cut_back(path, exc)
+            raise io_error(exc, f"appending to WAL segment {path} (the write was not logged)") from exc
         self.active_bytes += sum(memoryview(b).nbytes for b in buffers)
+
+    def _cut_back(self, path: str, cause: OSError) -> None:
+        """Truncate the active segment to its last good frame after a failed append."""
+        assert self._fd is not None
+        try:
+            self.io.truncate(self._fd, self.active_bytes)
+            self.io.sync(self._fd)
+        except OSError as exc:
+            self._broken = (
+                f"WAL {self.dir} refuses appends until reopened: after a failed append to {path} "
+                f"({cause}), cutting it back to its last good frame ({self.active_bytes} bytes) "
+                f"failed too: {exc}"
+            )
+            raise StoreError(self._broken) from cause
 
     def close_segment(self) -> None:
         if self._fd is not None:
