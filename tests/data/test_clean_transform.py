@@ -143,10 +143,10 @@ def test_transform_fn_that_raises_names_shard_and_rows_and_publishes_nothing(tmp
     assert list_versions(store, "y") == []
 
 
-def test_transform_rejects_unimportable_fn(tmp_path):
+def test_transform_rejects_a_fn_that_is_not_callable_or_does_not_import(tmp_path):
     store = _text_dataset(tmp_path)
-    with pytest.raises(ConfigError, match="not importable"):
-        transform(store, "txt", lambda b: b)
+    with pytest.raises(ConfigError, match="must be callable"):
+        transform(store, "txt", 42)
     with pytest.raises(ConfigError, match="does not import"):
         transform(store, "txt", "no_such_module_x:fn")
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ConfigError, NotFoundError, TrainstoreError
 from ..store import LocalStore, Store, open_store
+from .fn_identity import load_shipped
 from .shardio import default_cache_dir, file_checksum, local_shard
 from .versions import ShardInfo, schema_from_b64, schema_to_b64
 
@@ -36,7 +37,9 @@ class ShardTask:
     source: ShardInfo
     out_key: str
     marker_key: str
-    fn_ref: str
+    fn_name: str
+    fn_ref: str | None = None
+    fn_blob: bytes | None = None
     fn_kwargs: dict = field(default_factory=dict)
     batch_rows: int = 8192
     cache_dir: str | None = None
@@ -82,11 +85,21 @@ def read_marker(store: Store, key: str) -> tuple[ShardInfo, pa.Schema] | None:
         return None  # a damaged marker means "not done"
 
 
-def run_shard(task: ShardTask) -> dict:
-    """Transform one shard; ``{"ok": True, "info", "schema"}`` or ``{"ok": False, "error"}``."""
+def task_fn(task: ShardTask) -> Callable[..., Any]:
+    """The function a task names: imported by reference, or loaded from the caller's bytes."""
+    if task.fn_ref is not None:
+        return resolve_fn(task.fn_ref)
+    if task.fn_blob is None:
+        raise ConfigError(f"transform task for {task.fn_name} carries no function")
+    return load_shipped(task.fn_blob)
+
+
+def run_shard(task: ShardTask, fn: Callable[..., Any] | None = None) -> dict:
+    """Transform one shard with ``fn`` (default: the task's function);
+    ``{"ok": True, "info", "schema"}`` or ``{"ok": False, "error"}``."""
     try:
         store = open_store(task.store)
-        fn = resolve_fn(task.fn_ref)
+        fn = fn or task_fn(task)
         tmp_dir = os.path.join(task.cache_dir or default_cache_dir(), "transform-tmp")
         os.makedirs(tmp_dir, exist_ok=True)
         tmp = os.path.join(tmp_dir, f"{secrets.token_hex(8)}.arrow")
@@ -126,13 +139,13 @@ def _stream(store: Store, task: ShardTask, fn: Callable[..., Any], tmp: str) -> 
                 try:
                     outs = _as_batches(fn(batch, **task.fn_kwargs))
                 except Exception as exc:  # noqa: BLE001 - user code: report, never swallow
-                    return f"{task.fn_ref} failed on {where}: {type(exc).__name__}: {exc}", None
+                    return f"{task.fn_name} failed on {where}: {type(exc).__name__}: {exc}", None
                 for out in outs:
                     if writer is None:
                         schema = out.schema
                         writer = pa.ipc.new_file(sink, schema, options=pa.ipc.IpcWriteOptions(compression=None))
                     elif not out.schema.equals(schema):
-                        return (f"{task.fn_ref} returned schema {out.schema} on {where}, but "
+                        return (f"{task.fn_name} returned schema {out.schema} on {where}, but "
                                 f"{schema} before"), None
                     writer.write_batch(out)
                     rows_out += out.num_rows

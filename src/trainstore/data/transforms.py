@@ -8,12 +8,15 @@ spawned processes; ``engine="ray"`` runs Ray tasks. Both run the same ``run_shar
 byte-identical shards.
 
 Resumable: output shard keys and per-shard markers are derived from the config hash (input
-version, ``fn``, its source, kwargs, ``batch_rows``) and the input shard, so a re-run skips
-shards whose marker and bytes verify. The version manifest is committed only after every
-shard succeeded: a failure (``TransformError`` naming the shard and row range) publishes
-nothing.
+version, the fingerprint of ``fn``, kwargs, ``batch_rows``, the trainstore/pyarrow/numpy
+versions and the caller's ``version``) and the input shard, so a re-run skips shards whose
+marker and bytes verify, and never reuses shards made by other code (``fn_identity``). The
+version manifest is committed only after every shard succeeded: a failure
+(``TransformError`` naming the shard and row range) publishes nothing.
 
-``fn`` must be importable by the workers: a top-level function, or ``"module:function"``.
+``fn`` is any function: a top-level one or ``"module:function"`` travels to workers by
+import; one defined in ``__main__``/a notebook, a lambda or a closure is sent to the caller's
+own worker processes with cloudpickle (in-process runs use it directly).
 
 Feature-shard contract (what ``data.loader`` reads): layout ``"arrow-ipc"``; each shard is an
 uncompressed Arrow IPC file, ``ShardInfo.checksum`` = BLAKE3 of the file bytes; tensor columns
@@ -24,9 +27,8 @@ type; ``version.extra["columns"][name] = {"arrow": str, "dtype": numpy dtype nam
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,7 @@ import pyarrow as pa
 from ..errors import AlreadyExistsError, ConfigError, SchemaError, TransformError
 from ..store import Store, open_store
 from .engines import run_tasks
+from .fn_identity import fn_fingerprint, fn_name, importable_ref, library_versions, ship_fn
 from .lineage import code_version, config_hash
 from .shardio import verify_local_file
 from .transform_shard import ShardTask, portable, read_marker, resolve_fn
@@ -55,36 +58,27 @@ from .versions import (
 
 @dataclass(frozen=True)
 class TransformConfig:
-    """How a transform runs. Only ``batch_rows`` changes the output (and the config hash)."""
+    """How a transform runs. Only ``batch_rows`` changes the output (and the config hash).
+    ``store_shared``: a local-directory store is on a file system every Ray node mounts at
+    the same path (else a multi-node Ray refuses it)."""
 
     engine: str = "local"
     workers: int = 1
     batch_rows: int = 8192
     cache_dir: str | None = None
+    store_shared: bool = False
 
 
-def fn_reference(fn: Callable[..., Any] | str) -> str:
-    """``module:qualname`` of a top-level function (checked to import back to the same object)."""
+def _describe_fn(fn: Callable[..., Any] | str,
+                 ship: bool) -> tuple[Callable[..., Any], str, str | None, bytes | None]:
+    """(function, name, import reference or None, cloudpickle bytes or None)."""
     if isinstance(fn, str):
-        resolve_fn(fn)
-        return fn
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not module or not qualname or "<" in qualname or module == "__main__":
-        raise ConfigError(
-            f"transform function {fn!r} is not importable by workers; define it at the top level "
-            "of a module (not __main__, not a lambda or closure), or pass 'module:function'"
-        )
-    ref = f"{module}:{qualname}"
-    if resolve_fn(ref) is not fn:
-        raise ConfigError(f"transform function {ref} does not import back to the same object")
-    return ref
-
-
-def _source_hash(ref: str) -> str:
-    try:
-        return hashlib.sha256(inspect.getsource(resolve_fn(ref)).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return ""
+        return resolve_fn(fn), fn, fn, None
+    if not callable(fn):
+        raise ConfigError(f"transform function must be callable or 'module:function', got {fn!r}")
+    ref = importable_ref(fn)
+    blob = ship_fn(fn) if ship and ref is None else None
+    return fn, fn_name(fn), ref, blob
 
 
 def column_info(schema: pa.Schema) -> dict[str, dict]:
@@ -127,20 +121,25 @@ def transform(
     output: str | None = None,
     fn_kwargs: dict | None = None,
     config: TransformConfig | None = None,
+    version: str | int | None = None,
     progress: Callable[[int, int], None] | None = None,
     **store_options: object,
 ) -> DatasetVersion:
     """Run ``fn`` over every shard of ``ref`` and commit the result as a new version of
-    ``output`` (default ``<name>.features``). ``progress(done, total)`` after each shard."""
+    ``output`` (default ``<name>.features``). ``progress(done, total)`` after each shard.
+    ``version``: bump it to recompute when something ``fn`` depends on changed in a way its
+    fingerprint cannot see (data files it reads, a remote service)."""
     config = config or TransformConfig(engine=engine, workers=workers)
     store = open_store(store, **store_options)
     name, ver = parse_ref(ref)
     source = load_version(store, name, ver)
     out_name = check_name(output or f"{name}.features")
-    fn_ref = fn_reference(fn)
+    in_process = config.engine == "local" and config.workers == 1
+    fn_obj, name_of_fn, fn_ref, fn_blob = _describe_fn(fn, ship=not in_process)
     kwargs = dict(fn_kwargs or {})
-    cfg = {"input": source.id, "fn": fn_ref, "fn_source": _source_hash(fn_ref), "fn_kwargs": kwargs,
-           "batch_rows": config.batch_rows}
+    cfg = {"input": source.id, "fn": name_of_fn, "fn_fingerprint": fn_fingerprint(fn_obj),
+           "fn_kwargs": kwargs, "batch_rows": config.batch_rows, "version": version,
+           "libraries": library_versions()}
     try:
         digest = config_hash(cfg)
     except TypeError as exc:
@@ -151,7 +150,8 @@ def transform(
             store=portable(store), index=i, source=s,
             out_key=f"{shards_prefix(out_name)}xf-{tag}-{i:05d}.arrow",
             marker_key=f"datasets/{out_name}/work/{tag}/{i:05d}.json",
-            fn_ref=fn_ref, fn_kwargs=kwargs, batch_rows=config.batch_rows, cache_dir=config.cache_dir,
+            fn_name=name_of_fn, fn_ref=fn_ref, fn_blob=fn_blob, fn_kwargs=kwargs,
+            batch_rows=config.batch_rows, cache_dir=config.cache_dir,
         )
         for i, s in enumerate(source.shards) if s.rows > 0
     ]
@@ -166,14 +166,16 @@ def transform(
     skipped = len(results)
     if progress:
         progress(len(results), len(tasks))
-    for res in run_tasks(todo, config.engine, config.workers):
-        if not res["ok"]:
-            raise TransformError(f"transform of {source.id} failed, nothing published: {res['error']}")
-        info = res["info"]
-        results[res["index"]] = (ShardInfo(info["key"], info["rows"], info["bytes"], info["checksum"]),
-                                 schema_from_b64(res["schema"]))
-        if progress:
-            progress(len(results), len(tasks))
+    with closing(run_tasks(todo, config.engine, config.workers, fn=fn_obj,
+                           store_shared=config.store_shared)) as finished:
+        for res in finished:
+            if not res["ok"]:
+                raise TransformError(f"transform of {source.id} failed, nothing published: {res['error']}")
+            info = res["info"]
+            results[res["index"]] = (ShardInfo(info["key"], info["rows"], info["bytes"], info["checksum"]),
+                                     schema_from_b64(res["schema"]))
+            if progress:
+                progress(len(results), len(tasks))
     return _commit(store, source, out_name, tasks, results, cfg, digest, config, skipped)
 
 
