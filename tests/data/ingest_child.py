@@ -4,6 +4,8 @@ Prints ``ACK first last`` (flushed) after each ``write`` returns, i.e. once the 
 acknowledged; the parent kills it at a random moment and checks what survived.
 """
 
+import json
+import os
 import random
 import sys
 
@@ -15,7 +17,9 @@ rng = random.Random(int(seed))
 direct = 4096 if durability == "wal-direct" else None
 config = IngestConfig(wal_dir=wal_dir, durability=durability.removesuffix("-direct"), shard_bytes=16 << 10,
                       max_buffered_bytes=64 << 10, upload_workers=2, direct_bytes=direct)
-ing = Ingestor(store, "crash", config=config)
+# store options (JSON) for an object store, e.g. the fault proxy's endpoint and fast retries
+options = json.loads(os.environ.get("TRAINSTORE_INGEST_CHILD_STORE_OPTIONS", "{}"))
+ing = Ingestor(store, "crash", config=config, **options)
 print("READY", ing.recovered_rows, flush=True)
 next_id = int(start)
 while True:

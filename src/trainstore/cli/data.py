@@ -6,6 +6,7 @@ import json
 
 import pyarrow as pa
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -47,10 +48,15 @@ def ingest(
     format: str | None = typer.Option(None, "--format", help="jsonl | csv | parquet | binary (default: by extension)"),
     durability: str = typer.Option("wal", "--durability", help="wal | shard"),
     wal_dir: str | None = typer.Option(None, "--wal-dir", help="write-ahead log directory"),
+    allow_duplicate_files: bool = typer.Option(
+        False, "--allow-duplicate-files", help="ingest files whose content the dataset already holds"),
     json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
     allow_http: bool | None = HttpOpt,
 ) -> None:
-    """Ingest files (paths or globs) into DATASET and commit a new version."""
+    """Ingest files (paths or globs) into DATASET and commit a new version.
+
+    All or nothing: if one file fails, nothing of the command is committed. A file whose
+    content (BLAKE3) the dataset already holds is skipped, so a retry never duplicates."""
     from ..data.ingest import IngestConfig, Ingestor, expand_paths
 
     files = expand_paths(paths)
@@ -58,11 +64,17 @@ def ingest(
     with Ingestor(store, dataset, config=IngestConfig(durability=durability, wal_dir=wal_dir)) as ing, \
             _progress(json_out) as bar:
         task = bar.add_task(f"ingest {dataset}", total=len(files))
-        ing.ingest_files(files, format=format, progress=lambda _p, _r: bar.advance(task))
+        ing.ingest_files(files, format=format, progress=lambda _p, _r: bar.advance(task),
+                         allow_duplicate_files=allow_duplicate_files)
+        bar.update(task, completed=len(files))
         version = ing.commit()
+        skipped = ing.skipped_files
     if json_out:
-        emit_json(_version_json(version))
+        emit_json({**_version_json(version), "skipped_files": [{"path": p, "in": w} for p, w in skipped]})
     else:
+        for path, where in skipped:
+            console.print(f"skipped {escape(path)}: its content is already in {escape(where)} "
+                          "(--allow-duplicate-files ingests it again)")
         console.print(f"committed [bold]{version.id}[/bold]: {version.rows:,} rows, {len(version.shards)} shards")
 
 

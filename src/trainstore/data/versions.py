@@ -85,6 +85,17 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class SourceFile:
+    """An input file a version ingested: its path (relative to the ingest's common
+    directory), BLAKE3 of its bytes, rows and size. Re-ingesting the same bytes is skipped."""
+
+    path: str
+    blake3: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class DatasetVersion:
     """A committed, immutable dataset version."""
 
@@ -100,6 +111,7 @@ class DatasetVersion:
     code_version: str | None = None
     created: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    sources: tuple[SourceFile, ...] = ()  # files this version added (ingest)
 
     @property
     def id(self) -> str:
@@ -130,6 +142,7 @@ class DatasetVersion:
             "code_version": self.code_version,
             "created": self.created,
             "extra": self.extra,
+            "sources": [asdict(s) for s in self.sources],
         }
 
     @classmethod
@@ -169,11 +182,20 @@ class DatasetVersion:
                 code_version=obj.get("code_version"),
                 created=float(obj.get("created", 0.0)),
                 extra=dict(obj.get("extra", {})),
+                sources=tuple(_source(s, where) for s in obj.get("sources", [])),
             )
         except ManifestError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ManifestError(f"dataset manifest {where} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _source(obj: Any, where: str) -> SourceFile:
+    digest = obj["blake3"]
+    if not (isinstance(digest, str) and _HEX64.match(digest)):
+        raise ManifestError(f"dataset manifest {where}: source {obj.get('path')!r} has a malformed blake3")
+    return SourceFile(str(obj["path"]), digest, _count(obj["rows"], "rows", where),
+                      _count(obj["bytes"], "bytes", where))
 
 
 def _count(value: Any, what: str, where: str) -> int:
