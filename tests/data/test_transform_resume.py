@@ -18,6 +18,7 @@ import pytest
 from trainstore.data.fn_identity import fn_fingerprint
 from trainstore.data.transforms import transform
 from trainstore.data.versions import list_versions, load_version
+from trainstore.errors import ConfigError
 
 from .xf_support import ROWS, SHARDS, column, small_dataset
 
@@ -110,6 +111,24 @@ def test_fingerprint_sees_helpers_imported_by_name_and_module_constants(user_mod
             return clip(batch) * k
     """)
     assert fn_fingerprint(fn_module.fn) != before
+
+
+def test_a_module_edited_on_disk_but_not_reloaded_is_refused(tmp_path, user_modules):
+    store = small_dataset(tmp_path)
+    src = """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        def fn(batch):
+            return pa.RecordBatch.from_arrays([pc.multiply(batch.column("id"), {k})], names=["y"])
+    """
+    module = user_modules("xf_stale", src.format(k=2))
+    with open(module.__file__, "w") as f:  # edited, not reloaded: the old code would run
+        f.write(textwrap.dedent(src.format(k=5)))
+    with pytest.raises(ConfigError, match=r"xf_stale_\w+:fn differs from .*xf_stale_\w+\.py on disk"):
+        transform(store, "nums", module.fn, output="stale")
+    module = user_modules("xf_stale", src.format(k=5))  # reloaded: runs, with the new code
+    done = transform(store, "nums", module.fn, output="stale")
+    assert column(store, done, "y") == [5 * i for i in range(ROWS)]
 
 
 def _times(k):

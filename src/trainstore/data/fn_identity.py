@@ -13,7 +13,9 @@ a transform re-run reuses old shards only when none of it changed:
   installation and site-packages; library code is keyed by its version instead.
 
 A value that cannot be serialised keys as a fresh random nonce: such a function is always
-recomputed rather than ever reusing stale output.
+recomputed rather than ever reusing stale output. A user function whose module file changed on
+disk after it was imported is refused (``ConfigError``): the key would name the new file while
+the old code runs.
 
 ``ship_fn(fn)``: a function that workers cannot import (defined in ``__main__`` or a notebook,
 a lambda, a closure) is serialised with cloudpickle, only to send the caller's own function
@@ -121,6 +123,7 @@ class _Fingerprinter:
             if _is_library(module):
                 return f"{name} ({self.module(module)})"
             self._add_file(module)
+            _check_current(fn, module)
         names = _referenced_names(fn.__code__)
         parts = [
             name, self.code(fn.__code__), self.value(fn.__defaults__), self.value(fn.__kwdefaults__),
@@ -184,6 +187,44 @@ class _Fingerprinter:
         except Exception:  # noqa: BLE001 - anything unpicklable: never reuse, see module docstring
             return f"unserialisable {type(v).__qualname__} {secrets.token_hex(8)}"
         return f"{type(v).__qualname__}:{blake3.blake3(data).hexdigest()}"
+
+
+def _plain_code(code: types.CodeType) -> tuple:
+    """Bytecode, names and constants (nested code recursively): what two compilations of the
+    same source agree on."""
+    consts = tuple(_plain_code(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    return code.co_code, code.co_names, consts
+
+
+def _codes_named(code: types.CodeType, qualname: str) -> list[types.CodeType]:
+    out = []
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_qualname == qualname:
+                out.append(const)
+            out += _codes_named(const, qualname)
+    return out
+
+
+def _check_current(fn: types.FunctionType, module: types.ModuleType) -> None:
+    """Refuse a function whose module file changed on disk after it was imported: the key
+    would name the new file while the old code runs (stale shards under the new key)."""
+    path = module_file(module)
+    code = fn.__code__
+    if path is None or os.path.realpath(code.co_filename) != path:
+        return
+    with open(path, "rb") as f:
+        source = f.read()
+    try:
+        on_disk = _codes_named(compile(source, path, "exec", dont_inherit=True), code.co_qualname)
+    except SyntaxError:
+        on_disk = []
+    if _plain_code(code) not in [_plain_code(c) for c in on_disk]:
+        raise ConfigError(
+            f"{fn.__module__}:{fn.__qualname__} differs from {path} on disk (the file changed "
+            "after it was imported): reload the module (importlib.reload) or restart, so the "
+            "code that runs is the code the resume key names"
+        )
 
 
 def _cell(cell: types.CellType) -> Any:
