@@ -1,4 +1,4 @@
-"""``trainstore data ingest|clean|transform|ls|show|lineage|verify``: datasets from the shell."""
+"""``trainstore data ingest|clean|transform|ls|show|lineage|verify|gc``: datasets from the shell."""
 
 from __future__ import annotations
 
@@ -268,6 +268,33 @@ def verify(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = 
     if bad:
         raise IntegrityError(f"{v.id}: {len(bad)} of {len(v.shards)} shards fail: "
                              + "; ".join(f"{b['shard']}: {b['error']}" for b in bad[:5]))
+
+
+@data_app.command("gc")
+@handle_errors
+def gc_cmd(url: str,
+           dry_run: bool = typer.Option(False, "--dry-run", help="report what would be deleted, delete nothing"),
+           grace: str = typer.Option("1h", "--grace", help="only delete shards older than this (e.g. 90s, 1h, 7d)"),
+           ignore_unreadable: bool = typer.Option(False, "--ignore-unreadable",
+                                                  help="sweep even if a version manifest is unreadable"),
+           json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+           allow_http: bool | None = HttpOpt) -> None:
+    """Delete shards no committed dataset version references (safe while writers run)."""
+    from ..data.gc import DataGcOptions, collect_garbage
+
+    store = open_store(url, **store_options(endpoint, region, allow_http))
+    report = collect_garbage(store, DataGcOptions(grace=grace, ignore_unreadable=ignore_unreadable),
+                             dry_run=dry_run)
+    if json_out:
+        emit_json(report.to_json())
+        return
+    verb = "would delete" if dry_run else "deleted"
+    console.print(f"{report.shards} shards ({report.shard_bytes / 1e6:.1f} MB) in {report.datasets} datasets: "
+                  f"{report.referenced} referenced, {report.leased} held by writers, {report.too_young} within "
+                  f"grace; {verb} {report.deleted} ({report.bytes_reclaimed / 1e6:.1f} MB)"
+                  + (f", {report.markers_deleted} work markers" if report.markers_deleted else ""))
+    if report.missing:
+        console.print(f"[yellow]{report.missing} referenced shards are missing: run `trainstore data verify`[/yellow]")
 
 
 def register(app: typer.Typer) -> None:

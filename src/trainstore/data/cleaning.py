@@ -1,7 +1,8 @@
 """Cleaning: ``clean(store, "name@v", dedup=..., missing=..., schema=...)`` -> a new version.
 
-Runs in DuckDB over the version's Parquet shards, read through the hot tier (``shardio``).
-DuckDB streams, and spills sorts and aggregations to ``temp_dir`` past ``memory_limit``, so
+Runs in DuckDB over the version's Parquet shards: a local store's files in place; a remote
+store's shards streamed one at a time through a bounded hot tier (``CleanConfig.cache_bytes``)
+into a temporary DuckDB database, so a dataset larger than the cache works. DuckDB streams, and spills sorts and aggregations to ``temp_dir`` past ``memory_limit``, so
 datasets larger than memory work. Per row, in this order:
 
 1. **schema** (``pa.Schema``): columns are projected to the schema and cast (``TRY_CAST``);
@@ -34,8 +35,9 @@ from ..chunks import content_hash
 from ..errors import AlreadyExistsError, ConfigError, SchemaError
 from ..store import Store, open_store
 from .clean_sql import DROP, drop_expr, ident, plan_columns, reason_expr
+from .leases import run_lease
 from .lineage import code_version, config_hash
-from .shardio import default_cache_dir, local_shard
+from .shardio import DEFAULT_CACHE_BYTES, default_cache_dir, local_shard, verify_local_file
 from .versions import (
     DatasetVersion,
     ShardInfo,
@@ -61,6 +63,12 @@ class CleanConfig:
     shard_rows: int = 1_000_000
     cache_dir: str | None = None
     compression: str = "zstd"
+    #: hot-tier bytes for a remote source (shards are streamed through it one at a time)
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cache_bytes, int) or isinstance(self.cache_bytes, bool) or self.cache_bytes <= 0:
+            raise ConfigError(f"cache_bytes must be a positive int, got {self.cache_bytes!r}")
 
 
 def _dedup_keys(dedup: Any, columns: list[str]) -> list[str] | None:
@@ -77,12 +85,12 @@ def _dedup_keys(dedup: Any, columns: list[str]) -> list[str] | None:
     return keys
 
 
-def _connect(config: CleanConfig, cache_dir: str) -> Any:
+def _connect(config: CleanConfig, cache_dir: str, database: str = ":memory:") -> Any:
     import duckdb
 
     temp = config.temp_dir or os.path.join(cache_dir, "duckdb-tmp")
     os.makedirs(temp, exist_ok=True)
-    con = duckdb.connect()
+    con = duckdb.connect(database)
     con.execute(f"SET memory_limit = '{config.memory_limit}'")
     con.execute(f"SET temp_directory = '{temp}'")
     if config.threads:
@@ -93,9 +101,9 @@ def _connect(config: CleanConfig, cache_dir: str) -> Any:
 class _ShardWriter:
     """Roll a stream of batches into Parquet shards of ``shard_rows`` and upload each."""
 
-    def __init__(self, store: Store, name: str, tag: str, schema: pa.Schema, config: CleanConfig, tmp_dir: str):
+    def __init__(self, store: Store, prefix: str, schema: pa.Schema, config: CleanConfig, tmp_dir: str):
         self.store, self.schema, self.config = store, schema, config
-        self.prefix = f"{shards_prefix(name)}clean-{tag}-{secrets.token_hex(4)}-"
+        self.prefix = prefix
         self.tmp = os.path.join(tmp_dir, f"{secrets.token_hex(8)}.parquet")
         self.shards: list[ShardInfo] = []
         self._writer: pq.ParquetWriter | None = None
@@ -176,43 +184,90 @@ def clean(
     tmp_dir = os.path.join(cache_dir, "clean-tmp")
     os.makedirs(tmp_dir, exist_ok=True)
     say = progress or (lambda _msg: None)
-    with contextlib.ExitStack() as stack:
-        paths = []
-        for i, info in enumerate(source.shards):
-            paths.append(stack.enter_context(local_shard(store, info, cache_dir)))
-            say(f"fetched shard {i + 1}/{len(source.shards)}")
-        con = stack.enter_context(contextlib.closing(_connect(config, cache_dir)))
-        counts = _run(con, store, source, paths, plans, keys, out_schema, out_name, digest, config, tmp_dir, say)
-    quarantine_ref = None
-    if counts["quarantine_shards"]:
-        qshards = counts.pop("quarantine_shards")
-        qversion = _commit(store, DatasetVersion(
-            name=f"{out_name}.quarantine", version=0, layout="parquet", schema=counts.pop("quarantine_schema"),
-            shards=tuple(qshards), parents=(source.id,), operation="clean-quarantine", config=cfg,
-            config_hash=digest, code_version=code_version(), extra={"rows_of": out_name}))
-        quarantine_ref = qversion.id
-    counts.pop("quarantine_shards", None)
-    counts.pop("quarantine_schema", None)
-    shards = counts.pop("shards")
-    return _commit(store, DatasetVersion(
-        name=out_name, version=0, layout="parquet", schema=out_schema, shards=tuple(shards),
-        parents=(source.id,), operation="clean", config=cfg, config_hash=digest,
-        code_version=code_version(), extra={**counts, "quarantine": quarantine_ref}))
+    run = f"clean-{digest[:12]}-{secrets.token_hex(4)}-"
+    prefixes = [f"{shards_prefix(out_name)}{run}", f"{shards_prefix(out_name + '.quarantine')}{run}"]
+    # a data gc sweep keeps this run's shards until its versions are committed
+    with run_lease(store, "clean", out_name, prefixes), contextlib.ExitStack() as stack:
+        con = stack.enter_context(_source_relation(store, source, config, cache_dir, tmp_dir, say))
+        counts = _run(con, store, source, plans, keys, out_schema, prefixes, config, tmp_dir, say)
+        quarantine_ref = None
+        if counts["quarantine_shards"]:
+            qversion = _commit(store, DatasetVersion(
+                name=f"{out_name}.quarantine", version=0, layout="parquet", schema=counts["quarantine_schema"],
+                shards=tuple(counts["quarantine_shards"]), parents=(source.id,), operation="clean-quarantine",
+                config=cfg, config_hash=digest, code_version=code_version(), extra={"rows_of": out_name}))
+            quarantine_ref = qversion.id
+        for k in ("quarantine_shards", "quarantine_schema"):
+            counts.pop(k)
+        shards = counts.pop("shards")
+        return _commit(store, DatasetVersion(
+            name=out_name, version=0, layout="parquet", schema=out_schema, shards=tuple(shards),
+            parents=(source.id,), operation="clean", config=cfg, config_hash=digest,
+            code_version=code_version(), extra={**counts, "quarantine": quarantine_ref}))
 
 
-def _run(con: Any, store: Store, source: DatasetVersion, paths: list[str], plans: list, keys: list[str] | None,
-         out_schema: pa.Schema, out_name: str, digest: str, config: CleanConfig, tmp_dir: str,
-         say: Callable[[str], None]) -> dict:
+@contextlib.contextmanager
+def _source_relation(store: Store, source: DatasetVersion, config: CleanConfig, cache_dir: str, tmp_dir: str,
+                     say: Callable[[str], None]) -> Iterator[Any]:
+    """A DuckDB connection with view ``src``: every source row with ``__shard``, ``__row``
+    (row number in its shard) and ``__key`` (the shard's key).
+
+    A local store's shards are read in place. Any other store's shards are streamed one at a
+    time through the hot tier (at most ``cache_bytes``, one shard pinned at once) into a
+    DuckDB table in a temporary database file, so a dataset larger than the cache (or than
+    memory) can be cleaned; the rows and so the output are the same either way."""
+    local = [store.local_path(info.key) for info in source.shards]
+    if all(p is not None for p in local):
+        for path, info in zip(local, source.shards):
+            verify_local_file(path, info)  # type: ignore[arg-type]
+        with contextlib.closing(_connect(config, cache_dir)) as con:
+            _view_over_files(con, source, local)  # type: ignore[arg-type]
+            yield con
+        return
+    db = os.path.join(tmp_dir, f"src-{secrets.token_hex(8)}.duckdb")
+    try:
+        with contextlib.closing(_connect(config, cache_dir, db)) as con:
+            for i, info in enumerate(source.shards):
+                with local_shard(store, info, cache_dir, config.cache_bytes) as path:
+                    _append_shard(con, i, info.key, path, create=i == 0)
+                say(f"staged shard {i + 1}/{len(source.shards)}")
+            if not source.shards:
+                raise ConfigError(f"{source.id} has no shards to clean")
+            con.execute("CREATE TEMP VIEW src AS SELECT * FROM src_rows")
+            yield con
+    finally:
+        for leftover in (db, db + ".wal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _view_over_files(con: Any, source: DatasetVersion, paths: list[str]) -> None:
     files = pa.table({"__path": paths, "__shard": list(range(len(paths))),
                       "__key": [s.key for s in source.shards]})
     con.register("__files", files)
     names = ", ".join(ident(n) for n in source.schema.names)
-    file_list = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+    file_list = "[" + ", ".join(_quote(p) for p in paths) + "]"
     con.execute(
         f"CREATE TEMP VIEW src AS SELECT {names}, f.__shard AS __shard, t.file_row_number AS __row, "
         f"f.__key AS __key FROM read_parquet({file_list}, filename='__file', file_row_number=true) t "
         f"JOIN __files f ON t.__file = f.__path"
     )
+
+
+def _append_shard(con: Any, index: int, key: str, path: str, create: bool) -> None:
+    select = (f"SELECT * EXCLUDE (file_row_number), {index}::BIGINT AS __shard, file_row_number AS __row, "
+              f"{_quote(key)} AS __key FROM read_parquet({_quote(path)}, file_row_number=true)")
+    con.execute(f"CREATE TABLE src_rows AS {select}" if create else f"INSERT INTO src_rows {select}")
+
+
+def _run(con: Any, store: Store, source: DatasetVersion, plans: list, keys: list[str] | None,
+         out_schema: pa.Schema, prefixes: list[str], config: CleanConfig, tmp_dir: str,
+         say: Callable[[str], None]) -> dict:
+    names = ", ".join(ident(n) for n in source.schema.names)
     reason = reason_expr(plans)
     drop = drop_expr(plans)
     values = ", ".join(f"{p.value} AS {ident(p.name)}" for p in plans)
@@ -225,7 +280,7 @@ def _run(con: Any, store: Store, source: DatasetVersion, paths: list[str], plans
         good = (f"SELECT * FROM (SELECT DISTINCT ON ({key_cols}) * FROM ({good}) "
                 f"ORDER BY {key_cols}, __shard, __row)")
     say("cleaning")
-    writer = _ShardWriter(store, out_name, digest[:12], out_schema, config, tmp_dir)
+    writer = _ShardWriter(store, prefixes[0], out_schema, config, tmp_dir)
     for batch in _stream(con, f"SELECT {out_cols} FROM ({good}) ORDER BY __shard, __row"):
         try:
             writer.write(batch)
@@ -243,7 +298,7 @@ def _run(con: Any, store: Store, source: DatasetVersion, paths: list[str], plans
         say("writing quarantine")
         qschema = pa.schema([*source.schema, pa.field("_reason", pa.string()),
                              pa.field("_source_shard", pa.string()), pa.field("_source_row", pa.int64())])
-        qwriter = _ShardWriter(store, f"{out_name}.quarantine", digest[:12], qschema, config, tmp_dir)
+        qwriter = _ShardWriter(store, prefixes[1], qschema, config, tmp_dir)
         for batch in _stream(con, f"SELECT {names}, {reason} AS _reason, __key AS _source_shard, "
                                   f"__row AS _source_row FROM src WHERE {reason} IS NOT NULL "
                                   f"ORDER BY __shard, __row"):

@@ -71,6 +71,7 @@ from .ingest_journal import (
     put_entry,
 )
 from .ingest_plan import is_blank, plan_commit, plan_files
+from .leases import ingest_lease
 from .lineage import SourcesIndex, code_version, config_hash
 from .records import conform, to_table
 from .sources import detect_format, read_file
@@ -168,6 +169,11 @@ class Ingestor:
         self.schema: pa.Schema | None = schema
         wal_dir = self.config.wal_dir or default_wal_dir(self.store.url, self.dataset)
         self.wal = WriteAheadLog(wal_dir, self.store.url, self.dataset)
+        try:  # data gc keeps this WAL id's uncommitted shards, even after a crash (data/leases.py)
+            ingest_lease(self.store, self.dataset, self.wal.wal_id).write()
+        except BaseException:
+            self.wal.close()
+            raise
         self._mu = threading.Condition()
         self._pool = ThreadPoolExecutor(self.config.upload_workers, thread_name_prefix="ts-ingest")
         self._futures: set[Future] = set()
@@ -559,6 +565,10 @@ class Ingestor:
             self._empty_sources.clear()
             self.wal.reset_journal([], high_seq=self._seq)
         delete_entries(self.store, retire)
+        try:  # every shard below _seq is now committed: the lease keeps only later ones
+            ingest_lease(self.store, self.dataset, self.wal.wal_id, from_seq=self._seq).write()
+        except TrainstoreError as exc:  # the wider lease stays: safe, it only delays gc
+            log.warning("could not narrow the gc lease of %s: %s", self.dataset, exc)
 
     def close(self) -> None:
         """Stop the upload workers (waiting for running uploads) and release the WAL.

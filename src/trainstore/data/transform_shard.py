@@ -24,7 +24,7 @@ from ..errors import ConfigError, NotFoundError, TrainstoreError
 from ..store import LocalStore, Store, open_store
 from .fn_identity import load_shipped
 from .shardio import default_cache_dir, file_checksum, local_shard
-from .versions import ShardInfo, schema_from_b64, schema_to_b64
+from .versions import ShardInfo, schema_from_b64, schema_to_b64, shards_prefix
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,27 @@ class ShardTask:
     fn_kwargs: dict = field(default_factory=dict)
     batch_rows: int = 8192
     cache_dir: str | None = None
+
+
+def task_keys(out_name: str, tag: str, index: int) -> tuple[str, str]:
+    """(output shard key, work marker key) of input shard ``index`` of a transform run."""
+    return f"{shards_prefix(out_name)}xf-{tag}-{index:05d}.arrow", f"datasets/{out_name}/work/{tag}/{index:05d}.json"
+
+
+def run_prefixes(out_name: str, tag: str) -> list[str]:
+    """Key prefixes of everything a transform run with config ``tag`` writes."""
+    return [f"{shards_prefix(out_name)}xf-{tag}-", f"datasets/{out_name}/work/{tag}/"]
+
+
+def marker_output_key(marker_key: str) -> str | None:
+    """The output shard a work marker stands for (None: not a work marker key)."""
+    parts = marker_key.split("/")
+    if len(parts) != 5 or parts[0] != "datasets" or parts[2] != "work" or not parts[4].endswith(".json"):
+        return None
+    index = parts[4][:-5]
+    if not index.isdigit():
+        return None
+    return task_keys(parts[1], parts[3], int(index))[0]
 
 
 def portable(store: Store) -> Store | str:

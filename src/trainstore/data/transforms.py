@@ -38,9 +38,10 @@ from ..errors import AlreadyExistsError, ConfigError, SchemaError, TransformErro
 from ..store import Store, open_store
 from .engines import run_tasks
 from .fn_identity import fn_fingerprint, fn_name, importable_ref, library_versions, ship_fn
+from .leases import run_lease, wait_for_data_sweeps
 from .lineage import code_version, config_hash
 from .shardio import verify_local_file
-from .transform_shard import ShardTask, portable, read_marker, resolve_fn
+from .transform_shard import ShardTask, portable, read_marker, resolve_fn, run_prefixes, task_keys
 from .versions import (
     DatasetVersion,
     ShardInfo,
@@ -51,7 +52,6 @@ from .versions import (
     parse_ref,
     read_shard,
     schema_from_b64,
-    shards_prefix,
     tensor_layout,
 )
 
@@ -147,36 +147,42 @@ def transform(
     tag = digest[:16]
     tasks = [
         ShardTask(
-            store=portable(store), index=i, source=s,
-            out_key=f"{shards_prefix(out_name)}xf-{tag}-{i:05d}.arrow",
-            marker_key=f"datasets/{out_name}/work/{tag}/{i:05d}.json",
+            store=portable(store), index=i, source=s, out_key=task_keys(out_name, tag, i)[0],
+            marker_key=task_keys(out_name, tag, i)[1],
             fn_name=name_of_fn, fn_ref=fn_ref, fn_blob=fn_blob, fn_kwargs=kwargs,
             batch_rows=config.batch_rows, cache_dir=config.cache_dir,
         )
         for i, s in enumerate(source.shards) if s.rows > 0
     ]
-    results: dict[int, tuple[ShardInfo, pa.Schema]] = {}
-    todo = []
-    for task in tasks:
-        done = _done(store, task)
-        if done is None:
-            todo.append(task)
-        else:
-            results[task.index] = done
-    skipped = len(results)
-    if progress:
-        progress(len(results), len(tasks))
-    with closing(run_tasks(todo, config.engine, config.workers, fn=fn_obj,
-                           store_shared=config.store_shared)) as finished:
-        for res in finished:
-            if not res["ok"]:
-                raise TransformError(f"transform of {source.id} failed, nothing published: {res['error']}")
-            info = res["info"]
-            results[res["index"]] = (ShardInfo(info["key"], info["rows"], info["bytes"], info["checksum"]),
-                                     schema_from_b64(res["schema"]))
-            if progress:
-                progress(len(results), len(tasks))
-    return _commit(store, source, out_name, tasks, results, cfg, digest, config, skipped)
+    # a data gc sweep keeps what this run writes (or resumes) until the version is committed
+    with run_lease(store, "transform", out_name, run_prefixes(out_name, tag)):
+        results = _resumable(store, tasks)
+        skipped = len(results)
+        if progress:
+            progress(len(results), len(tasks))
+        todo = [t for t in tasks if t.index not in results]
+        with closing(run_tasks(todo, config.engine, config.workers, fn=fn_obj,
+                               store_shared=config.store_shared)) as finished:
+            for res in finished:
+                if not res["ok"]:
+                    raise TransformError(f"transform of {source.id} failed, nothing published: {res['error']}")
+                info = res["info"]
+                results[res["index"]] = (ShardInfo(info["key"], info["rows"], info["bytes"], info["checksum"]),
+                                         schema_from_b64(res["schema"]))
+                if progress:
+                    progress(len(results), len(tasks))
+        return _commit(store, source, out_name, tasks, results, cfg, digest, config, skipped)
+
+
+def _resumable(store: Store, tasks: list[ShardTask]) -> dict[int, tuple[ShardInfo, pa.Schema]]:
+    """Shards an earlier run already finished. They predate this run's lease, so a data gc
+    sweep that listed before it may still delete them: when there are any, wait for running
+    sweeps to end and check again that they exist (what is gone by then is redone)."""
+    found = {t.index: done for t in tasks if (done := _done(store, t)) is not None}
+    if found:
+        wait_for_data_sweeps(store)
+        found = {i: done for i, done in found.items() if store.exists(done[0].key)}
+    return found
 
 
 def _commit(store: Store, source: DatasetVersion, out_name: str, tasks: list[ShardTask],
