@@ -140,7 +140,8 @@ def wal_fs(tmp_path):
 
 
 def _run_child(store: str, fs, mode: str, start: int, seed: int, kill_after: float | None) -> list[list[str]]:
-    """Run the child, SIGKILL it ``kill_after`` s after READY (or after DONE when None)."""
+    """Run the child, SIGKILL it ``kill_after`` s after its first write returned or failed
+    (or after DONE when None)."""
     proc = subprocess.Popen(
         [sys.executable, CHILD, store, str(fs / "wal"), str(fs / "ballast"), mode, str(start), str(seed)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -148,7 +149,7 @@ def _run_child(store: str, fs, mode: str, start: int, seed: int, kill_after: flo
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
-    wait_for = "DONE" if kill_after is None else "READY"
+    wait_for = ("DONE",) if kill_after is None else ("ACK", "FAIL")
     deadline = time.monotonic() + 60
     while not any(x.startswith(wait_for) for x in list(lines)) and time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -1,9 +1,8 @@
 """Turn what users hand to ``Ingestor.write`` into an Arrow table of one schema.
 
 Accepted: a list of dicts, an Arrow ``RecordBatch`` / ``Table`` (or a list of batches), a
-pandas or polars ``DataFrame``. Conversion is columnar (fast path); only when it fails do we
-walk the offending column value by value, so the ``SchemaError`` names the record index and
-field that did not fit.
+pandas or polars ``DataFrame``. Every value is stored exactly as given or the write is
+refused (``data.exact``): the ``SchemaError`` names the record, the field and the value.
 """
 
 from __future__ import annotations
@@ -15,11 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import SchemaError
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+from .exact import Locate, cast_exact, record_at, short, values_to_array
 
 
 def _from_frame(data: Any) -> pa.Table | None:
@@ -34,28 +29,17 @@ def _from_frame(data: Any) -> pa.Table | None:
     return None
 
 
-def _column_error(values: Sequence[Any], field: pa.Field, exc: Exception, offset: int = 0) -> SchemaError:
-    """Find the first value of ``values`` that does not convert to ``field.type``."""
-    for i, value in enumerate(values):
-        try:
-            pa.array([value], type=field.type)
-        except (pa.ArrowException, ValueError, TypeError, OverflowError) as inner:
-            return SchemaError(
-                f"record {offset + i}: field {field.name!r} value {_short(value)} is not "
-                f"{field.type}: {inner}"
-            )
-    return SchemaError(f"field {field.name!r} does not convert to {field.type}: {exc}")
-
-
 def _from_dicts(records: Sequence[Any], schema: pa.Schema | None) -> pa.Table:
     for i, rec in enumerate(records):
         if not isinstance(rec, Mapping):
             raise SchemaError(f"record {i} is a {type(rec).__name__}, not a dict")
     if schema is None:
-        try:
-            return pa.Table.from_pylist(list(records))
-        except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-            raise SchemaError(f"records do not share one type per field: {exc}") from None
+        names = list(dict.fromkeys(k for rec in records for k in rec))  # every key, first seen first
+        for name in names:
+            if not isinstance(name, str):
+                raise SchemaError(f"field name {short(name)} is not a string")
+        arrays = [values_to_array([rec.get(n) for rec in records], n, None) for n in names]
+        return pa.Table.from_arrays(arrays, names=names)
     names = set(schema.names)
     for i, rec in enumerate(records):
         extra = [k for k in rec if k not in names]
@@ -64,18 +48,13 @@ def _from_dicts(records: Sequence[Any], schema: pa.Schema | None) -> pa.Table:
         for field in schema:
             if not field.nullable and rec.get(field.name) is None:
                 raise SchemaError(f"record {i}: field {field.name!r} is missing or null (not nullable)")
-    arrays = []
-    for field in schema:
-        values = [rec.get(field.name) for rec in records]
-        try:
-            arrays.append(pa.array(values, type=field.type))
-        except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-            raise _column_error(values, field, exc) from None
+    arrays = [values_to_array([rec.get(f.name) for rec in records], f.name, f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with ``schema``'s column order and types; ``SchemaError`` naming what does not fit."""
+def conform(table: pa.Table, schema: pa.Schema, locate: Locate = record_at) -> pa.Table:
+    """``table`` with ``schema``'s column order and types, every value exactly as given
+    (``data.exact``); ``SchemaError`` naming what does not fit, where ``locate(row)`` says."""
     if table.schema.equals(schema, check_metadata=False):
         return table.replace_schema_metadata(schema.metadata)
     names = set(schema.names)
@@ -89,15 +68,10 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
                 raise SchemaError(f"field {field.name!r} is missing (not nullable)")
             columns.append(pa.nulls(table.num_rows, field.type))
             continue
-        col = table.column(field.name)
-        if not col.type.equals(field.type):
-            try:
-                col = pc.cast(col, field.type, safe=True)
-            except (pa.ArrowException, ValueError, TypeError) as exc:
-                raise _column_error(table.column(field.name).to_pylist(), field, exc) from None
+        col = cast_exact(table.column(field.name), field, locate)
         if not field.nullable and col.null_count:
             index = pc.index(pc.is_null(col), True).as_py()
-            raise SchemaError(f"record {index}: field {field.name!r} is null (not nullable)")
+            raise SchemaError(f"{locate(index)}: field {field.name!r} is null (not nullable)")
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=schema)
 
