@@ -51,3 +51,58 @@ def test_clean_of_remote_dataset_larger_than_cache(tmp_path, s3_url):
     assert bounded.extra["duplicates"] == len(recs) - len(expected)
     cached = _dir_bytes(os.path.join(small_cache, "objects"))
     assert cached <= limit, f"hot tier holds {cached} bytes, limit {limit}"
+
+
+# -- loader -------------------------------------------------------------------------------------
+def _features(store, n=120, rows_per_shard=15):
+    from trainstore.data.dataset import write_arrow_dataset
+
+    idx = np.arange(n, dtype=np.int64)
+    return write_arrow_dataset(store, "feat", {"idx": idx, "x": np.repeat(idx[:, None], 64, 1).astype(np.float32)},
+                               rows_per_shard)
+
+
+def test_loader_default_cache_limit_is_bounded_and_explained(tmp_path, monkeypatch):
+    from trainstore.data import dataset as dataset_mod
+    from trainstore.data.dataset import Dataset
+    from trainstore.data.loader import Loader
+
+    store = open_store(str(tmp_path / "s"))
+    v = _features(store)
+    biggest = max(s.bytes for s in v.shards)
+    loader = Loader(Dataset(store, "feat@1", cache_dir=tmp_path / "hot"), 10, seed=0)
+    stats = loader.stats()
+    assert stats["cache_limit"] == max(v.bytes + biggest, 1 << 20)  # was 2x the dataset
+    assert "dataset" in stats["cache_limit_reason"]
+    # a disk with little free space: the default takes only a fraction of it, and reading works
+    free = __import__("shutil").disk_usage(tmp_path).free
+    monkeypatch.setattr(dataset_mod, "CACHE_FREE_FRACTION", 3 * biggest / free)
+    small = Loader(Dataset(store, "feat@1", cache_dir=tmp_path / "hot2"), 10, shuffle=False)
+    st = small.stats()
+    assert biggest <= st["cache_limit"] < v.bytes and "free space" in st["cache_limit_reason"]
+    got = np.concatenate([b["idx"] for b in small])
+    assert got.tolist() == list(range(120))
+    assert small.stats()["evictions"] > 0
+
+
+def test_prefetch_error_reaches_the_consumer_at_the_next_batch(tmp_path, s3_url):
+    import time
+
+    from trainstore.data.dataset import Dataset
+    from trainstore.data.loader import Loader
+    from trainstore.errors import BackgroundError, TrainstoreError
+
+    url, opts = s3_url
+    store = open_store(url, **opts)
+    v = _features(store, n=160, rows_per_shard=20)  # 8 shards
+    lost = v.shards[-1]
+    store.delete(lost.key)  # a real fault: the object is gone from the durable store
+    loader = Loader(Dataset(url, "feat@1", cache_dir=tmp_path / "hot", **opts), 5, shuffle=False, workers=1)
+    first_needing_lost = (v.rows - lost.rows) // 5  # batch 28 of 32
+    got = 0
+    with pytest.raises(TrainstoreError) as info:
+        for _ in loader:
+            got += 1
+            time.sleep(0.05)  # the training step: the shard thread runs ahead meanwhile
+    assert isinstance(info.value, BackgroundError) and lost.key in str(info.value)
+    assert got < first_needing_lost, f"error surfaced only at batch {got}"

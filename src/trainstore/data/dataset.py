@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -118,6 +119,26 @@ def write_arrow_dataset(
 
 
 # -- reading ---------------------------------------------------------------------------------
+#: the default hot-tier limit takes at most this fraction of the cache directory's free space
+CACHE_FREE_FRACTION = 0.5
+
+
+def default_cache_limit(cache_dir: str, dataset_bytes: int, max_shard_bytes: int) -> tuple[int, str]:
+    """(limit, why): the whole dataset plus one shard of headroom, but at most half the free
+    space of ``cache_dir``'s file system (so a default never fills the disk); never below
+    one shard (the loader then evicts shards it is done with)."""
+    want = max(dataset_bytes + max_shard_bytes, 1 << 20)
+    probe = os.path.abspath(cache_dir)
+    while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    cap = int(free * CACHE_FREE_FRACTION)
+    if want <= cap:
+        return want, f"dataset ({dataset_bytes} B) + one shard of headroom; fits in half the free space"
+    return max(cap, max_shard_bytes), (f"half the free space of {probe} ({free} B free); the dataset "
+                                        f"({dataset_bytes} B) does not fit, shards are evicted after use")
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
     """Reading options. ``max_open_bytes``: bytes of shards kept open (pinned) per process
@@ -240,7 +261,11 @@ class Dataset:
             self._cache_dir = default or os.path.join(os.path.expanduser("~"), ".cache", "trainstore", "hot")
         else:
             self._cache_dir = cfg.cache_dir
-        self.cache_limit = cfg.cache_limit or max(2 * self.version.bytes, 1 << 20)
+        if cfg.cache_limit:
+            self.cache_limit, self.cache_limit_reason = cfg.cache_limit, "set by the caller"
+        else:
+            self.cache_limit, self.cache_limit_reason = default_cache_limit(
+                self._cache_dir, self.version.bytes, self.max_shard_bytes)
         if self.max_shard_bytes > self.cache_limit:
             big = max(self.shards, key=lambda s: s.bytes)
             raise CapacityError(

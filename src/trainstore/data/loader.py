@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import BackgroundError, ConfigError, StoreError
 from .dataset import Dataset, DatasetConfig
 from .meter import IOWaitMeter, MeterConfig
 from .sampler import PlanSpec, epoch_streams
@@ -44,8 +44,12 @@ class LoaderConfig:
     drop_last: bool = False
     as_torch: bool = False
     cross_epoch: bool = True
+    prefetch_retries: int = 3  # a shard fill failing with a transient StoreError is retried this often
+    prefetch_backoff_s: float = 0.2  # first retry delay, doubling
 
     def __post_init__(self) -> None:
+        if self.prefetch_retries < 0 or self.prefetch_backoff_s < 0:
+            raise ConfigError("prefetch_retries and prefetch_backoff_s must be >= 0")
         if self.prefetch < 0 or self.workers <= 0:
             raise ConfigError(f"prefetch must be >= 0 and workers > 0, got {self.prefetch}, {self.workers}")
 
@@ -231,6 +235,7 @@ class Loader:
         cs = self.dataset.cache.stats
         snap.update({"cache_hits": cs.hits, "cache_misses": cs.misses, "cache_hit_rate": cs.hit_rate,
                      "bytes_fetched": cs.bytes_fetched, "evictions": cs.evictions,
+                     "cache_limit": self.dataset.cache_limit, "cache_limit_reason": self.dataset.cache_limit_reason,
                      "epoch": self.epoch, "position": self._position})
         return snap
 
@@ -280,6 +285,7 @@ class _EpochRun:
                                              name="trainstore-shard-prefetch")
         self._progress = threading.Condition()
         self._consumed_shards: set[int] = set()
+        self.fill_error: BackgroundError | None = None
         self._fill_thread.start()
         self._top_up()
 
@@ -297,10 +303,27 @@ class _EpochRun:
             if self._closed.is_set():
                 return
             try:
-                self.ds.prefetch_shard(s)
-            except Exception:  # noqa: BLE001 - the batch that needs it will raise it
+                self._prefetch(s)
+            except Exception as exc:  # noqa: BLE001 - handed to the consumer at its next batch
+                info = shards[s]
+                err = BackgroundError(f"prefetch of shard {info.key} of {self.ds.version.id} failed: "
+                                      f"{type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+                self.fill_error = err
                 return
             in_flight.append(s)
+
+    def _prefetch(self, s: int) -> None:
+        """Fill shard ``s``; a transient store error (``StoreError``: unreachable, throttled,
+        out of cache space for now) is retried with backoff before it counts."""
+        cfg = self.loader.config
+        for attempt in range(cfg.prefetch_retries + 1):
+            try:
+                self.ds.prefetch_shard(s)
+                return
+            except StoreError:
+                if attempt == cfg.prefetch_retries or self._closed.wait(cfg.prefetch_backoff_s * 2 ** attempt):
+                    raise
 
     def all_submitted(self) -> bool:
         return self.submitted >= len(self.batches)
@@ -317,6 +340,9 @@ class _EpochRun:
         return self.loader._finish(self.ds.take(self.batches[b]))
 
     def next(self) -> tuple[Any, int] | None:
+        if self.fill_error is not None:  # the shard thread stopped: say so now, not silently
+            err, self.fill_error = self.fill_error, None
+            raise err
         if not self.pending:
             self._top_up()
             if not self.pending:
