@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
 from trainstore.checkpoint import manifest as mf
 from trainstore.checkpoint.writer import WriteOptions
-from trainstore.errors import ManifestError
+from trainstore.errors import ConfigError, ManifestError
 from trainstore.lifecycle.gc import LEASES, GcOptions, collect_garbage, sweep_markers
 from trainstore.lifecycle.retention import RetentionPolicy, delete_checkpoint, retention_hook
 
@@ -204,6 +205,84 @@ def test_a_crashed_sweep_delays_saves_only_until_its_deadline(tmp_path, monkeypa
         mgr.save(2, {"w": np.ones(4096, np.float32)}, blocking=True)
         assert time.perf_counter() - t < 1.0  # past the deadline: no more waiting
         assert all(r.ok for r in mgr.verify(deep=True))
+
+
+def test_a_sweep_in_another_pid_namespace_is_waited_for(tmp_path, monkeypatch):
+    """A live sweep in a container sharing this host name (and boot id) but not the PID
+    namespace: its pid means nothing here, so the saver must wait out the deadline instead
+    of judging it dead and committing while the sweep may still delete reused chunks."""
+    import trainstore.lifecycle.gc as gcmod
+    from trainstore.lifecycle.liveness import identity
+
+    monkeypatch.setattr(gcmod, "CLOCK_SKEW_S", 0.0)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid with no process behind it here
+    foreign = {**identity(), "pid": gone.pid, "pstart": 4242,
+               "pidns": os.stat("/proc/self/ns/pid").st_ino + 1}  # as that container's sweep writes it
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    now = time.time()
+    store.put(gcmod.SWEEPS + "%015d-foreign.json" % int((now + 3600) * 1000),
+              json.dumps({"state": "running", "started": now, "deadline": now + 2.0, **foreign}).encode())
+    with CheckpointManager(root, "j", options=SMALL) as mgr:
+        t = time.perf_counter()
+        mgr.save(1, {"w": np.ones(4096, np.float32)}, blocking=True)
+        waited = time.perf_counter() - t
+    assert 1.5 <= waited < 15, waited  # waited for the deadline
+
+
+def _lease(store, chunk_key: str, created: float, expires: float) -> None:
+    store.put(LEASES + "j-000000000002-x.json",
+              json.dumps({"job": "j", "step": 2, "created": created, "expires": expires,
+                          "chunks": [chunk_key]}).encode())
+
+
+def test_lease_ttl_bounds_a_lease(store):
+    """``GcOptions.lease_ttl`` counts from the lease's creation: a lease older than it (plus
+    the clock-skew allowance) no longer protects, a younger one does, whatever ``expires`` says."""
+    import trainstore.lifecycle.gc as gcmod
+
+    make_ckpt(store, "j", 1, created=NOW)
+    (key,) = chunk_keys(store)
+    delete_checkpoint(store, "j", 1)
+    ttl = 3600.0
+    now = time.time()
+    _lease(store, key, created=now - ttl + 300, expires=now + 86400)  # 55 min old: live
+    assert collect_garbage(store, GcOptions(grace=0, lease_ttl="1h")).deleted == 0
+    assert chunk_keys(store) == {key} and list(store.list(LEASES))
+    _lease(store, key, created=now - ttl - gcmod.CLOCK_SKEW_S - 60, expires=now + 86400)  # past ttl + skew
+    rep = collect_garbage(store, GcOptions(grace=0, lease_ttl="1h"))
+    assert rep.deleted == 1 and rep.deleted_keys == [key] and not chunk_keys(store)
+    assert not list(store.list(LEASES))  # the expired lease is removed
+    with pytest.raises(ConfigError, match="lease_ttl"):
+        GcOptions(lease_ttl="1m")  # shorter than a save may legitimately hold its lease
+
+
+def test_a_save_that_waited_past_the_renewal_age_commits_under_a_fresh_lease(store, monkeypatch):
+    """A sweep with ``lease_ttl`` T stops honouring a lease T after its creation. A save that
+    waited long for a sweep writes its lease again (and re-checks) before committing, so its
+    lease is always younger than ``LEASE_RENEW_S`` (< T minus skew) at the commit."""
+    import trainstore.lifecycle.gc as gcmod
+    from trainstore.chunks import ChunkStore
+    from trainstore.lifecycle.liveness import identity
+
+    monkeypatch.setattr(gcmod, "CLOCK_SKEW_S", 0.0)
+    monkeypatch.setattr(gcmod, "LEASE_RENEW_S", 0.5)
+    m = make_ckpt(store, "j", 1, created=NOW)
+    delete_checkpoint(store, "j", 1)
+    m2 = mf.Manifest(**{**m.__dict__, "step": 2})
+    now = time.time()
+    foreign = {**identity(), "pidns": os.stat("/proc/self/ns/pid").st_ino + 1}  # liveness unknown: wait
+    store.put(gcmod.SWEEPS + "%015d-other.json" % int((now + 3600) * 1000),
+              json.dumps({"state": "running", "started": now, "deadline": now + 1.5, **foreign}).encode())
+    t0 = time.time()
+    with gcmod.commit_lease(store, ChunkStore(store), m2, None, t0):
+        (lease_meta,) = store.list(LEASES)
+        lease = json.loads(store.get(lease_meta.key))
+        assert time.time() - t0 >= 1.4  # it waited for the sweep's deadline
+        assert time.time() - lease["created"] < 0.5, lease  # and commits under a fresh lease
+        mf.commit_manifest(store, m2)
+    assert not list(store.list(LEASES))
 
 
 def test_heartbeat_lapse_stops_deletion(store):

@@ -57,6 +57,13 @@ SWEEPS = "gc/sweeps/"
 LEASES = "gc/leases/"
 #: allowance for clock differences between the machines that save and sweep
 CLOCK_SKEW_S = 60.0
+#: the shortest ``GcOptions.lease_ttl`` a sweep accepts
+MIN_LEASE_TTL_S = 600.0
+#: a save whose lease is older than this when it is about to commit writes it again and re-checks
+#: (so between a lease's last write and the commit, any sweep counts it live: < ttl - 2 skews)
+LEASE_RENEW_S = MIN_LEASE_TTL_S - 3 * CLOCK_SKEW_S
+#: what a lease says about itself (older sweeps read only ``expires``); sweeps also apply their ``lease_ttl``
+LEASE_EXPIRES_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,9 @@ class GcOptions:
             object.__setattr__(self, name, parse_duration(getattr(self, name), name))
         if not self.heartbeat > 0:  # type: ignore[operator]
             raise ConfigError(f"heartbeat must be a positive duration, got {self.heartbeat!r}")
+        if self.lease_ttl < MIN_LEASE_TTL_S:  # type: ignore[operator]
+            raise ConfigError(f"lease_ttl must be at least {MIN_LEASE_TTL_S:.0f} s (saves renew a lease older "
+                              f"than {LEASE_RENEW_S:.0f} s before committing), got {self.lease_ttl!r}")
         if not isinstance(self.workers, int) or self.workers < 1 or not isinstance(self.batch, int) or self.batch < 1:
             raise ConfigError("workers and batch must be positive ints")
 
@@ -147,6 +157,18 @@ def referenced_chunks(store: Store, *, ignore_unreadable: bool = False,
     return keys, n, len(jobs)
 
 
+def lease_expiry(lease: dict, lease_ttl: float) -> float:
+    """When ``lease`` stops protecting its chunks: its own ``expires``, or ``created`` +
+    ``lease_ttl`` if sooner (the sweep's bound on how long a crashed save holds chunks)."""
+    def num(field: str) -> float | None:
+        value = lease.get(field)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    expires, created = num("expires"), num("created")
+    ends = [t for t in (expires, None if created is None else created + lease_ttl) if t is not None]
+    return min(ends) if ends else 0.0
+
+
 def live_leases(store: Store, now: float, lease_ttl: float, dry_run: bool) -> tuple[set[str], int]:
     """Chunk keys named by unexpired leases; expired ones (crashed saves) are deleted."""
     keys: set[str] = set()
@@ -155,7 +177,7 @@ def live_leases(store: Store, now: float, lease_ttl: float, dry_run: bool) -> tu
         obj = _load_json(store, meta.key)
         if obj is None:
             continue
-        if float(obj.get("expires") or 0) + CLOCK_SKEW_S < now:
+        if lease_expiry(obj, lease_ttl) + CLOCK_SKEW_S < now:
             if not dry_run:
                 store.delete(meta.key)
             continue
@@ -378,28 +400,43 @@ def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
     """
     stores, release_now = _gc_stores(store)
     keys = sorted(mf.manifest_chunk_keys(manifest, chunks.prefix))
-    t = time.time()
     lease_key = f"{LEASES}{manifest.job}-{manifest.step:012d}-{uuid.uuid4().hex[:12]}.json"
-    body = {"job": manifest.job, "step": manifest.step, "created": t, "expires": t + 86400.0, "chunks": keys}
-    for s in stores:
-        _put_json(_lease_store(s), lease_key, body)  # (a)
+
+    def write_lease() -> float:
+        t = time.time()
+        body = {"job": manifest.job, "step": manifest.step, "created": t, "expires": t + LEASE_EXPIRES_S,
+                "chunks": keys}
+        for s in stores:
+            _put_json(_lease_store(s), lease_key, body)
+        return t
+
+    first = written = write_lease()  # (a)
     ok = False
     try:
         with _knowledge_lock:
             know = _knowledge.setdefault(chunks, _Knowledge(started))
         with know.lock:
-            now = time.time()
-            markers = [m for s in stores for m in sweep_markers(s, know.since - CLOCK_SKEW_S)]  # (b)
-            relevant = _relevant(markers, know.since, now)
-            if relevant or now - know.since > KNOWLEDGE_MAX_AGE_S:
-                _wait_for(stores, {m["key"] for m in relevant if m.get("state") == "running"}, poll_s)  # (c)
-                forgotten_at = time.time()
-                chunks.forget()
-                restored = _ensure_chunks(chunks, manifest, pieces)
-                if restored:
-                    log.warning("checkpoint %s step %d: a concurrent gc sweep removed %d reused chunks; "
-                                "wrote them again", manifest.job, manifest.step, restored)
-                know.since = forgotten_at
+            renewed = False
+            while True:
+                # after a renewal: any sweep since the first lease may have judged it expired
+                since = min(know.since, first) if renewed else know.since
+                now = time.time()
+                markers = [m for s in stores for m in sweep_markers(s, since - CLOCK_SKEW_S)]  # (b)
+                relevant = _relevant(markers, since, now)
+                if renewed or relevant or now - know.since > KNOWLEDGE_MAX_AGE_S:
+                    _wait_for(stores, {m["key"] for m in relevant if m.get("state") == "running"}, poll_s)  # (c)
+                    forgotten_at = time.time()
+                    chunks.forget()
+                    restored = _ensure_chunks(chunks, manifest, pieces)
+                    if restored:
+                        log.warning("checkpoint %s step %d: a concurrent gc sweep removed %d reused chunks; "
+                                    "wrote them again", manifest.job, manifest.step, restored)
+                    know.since = forgotten_at
+                if time.time() - written <= LEASE_RENEW_S:
+                    break
+                # waited long: a sweep with a short lease_ttl may stop honouring the lease; write it
+                # again, then re-check against every sweep since the first write
+                written, renewed = write_lease(), True
         yield manifest  # (d) the caller commits
         ok = True
     finally:
