@@ -3,8 +3,19 @@
 * ``put(data)`` hashes the raw bytes (BLAKE3-256), skips the write if an object with that
   name exists (dedup), else compresses and writes it. It returns a ``ChunkRef`` carrying
   everything a reader needs: hash, codec, element size, raw and stored length.
-* ``get(ref)`` reads, checks the stored length, decodes and re-hashes: a mismatch raises
-  ``ChunkCorruptError`` naming the key. There is no unverified read path.
+* ``get(ref)`` reads, checks the stored length, decodes and re-hashes. There is no
+  unverified read path. A copy that fails (or a missing one) is **repaired**: the other
+  copies are tried - every tier of a tiered store (``Store.tiers()``: hot, durable,
+  archive), then the chunk's replica (``replica_key``) in each tier - and the first good one
+  atomically replaces each bad copy seen (``RepairEvent``s go to the ``on_repair``
+  listeners and the log). With no good copy anywhere: ``ChunkCorruptError`` naming the key,
+  or the store error that kept a tier from answering (a transient failure never reads as
+  corruption).
+* ``verify(ref, deep=True)`` is a scrub: it reads *every* copy (all tiers, replicas) and
+  repairs the bad ones, so a corrupt durable copy behind a good hot one is found too.
+* Replicas (opt-in, ``put_replica``): a second copy of a chunk under ``<key>.replica`` in the
+  same store, for chunks many checkpoints share (``lifecycle.redundancy`` picks them). GC keeps a
+  replica exactly while its primary is referenced.
 * ``ChunkWriter`` writes many chunks in parallel with a bound on bytes in flight
   (torchsnapshot's byte budget): ``submit`` blocks while the budget is used up.
 
@@ -19,8 +30,9 @@ Layout: ``<prefix>/<h[0:2]>/<h>.<codec>``, so listing by the first byte spreads 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -29,10 +41,19 @@ from typing import Any
 import blake3
 
 from .codecs import CODECS, MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
-from .errors import ChunkCorruptError, ConfigError, ManifestError, NotFoundError
+from .errors import ChunkCorruptError, ConfigError, ManifestError, NotFoundError, StoreError
 from .store.base import Buffer, Store
 
+log = logging.getLogger("trainstore.chunks")
+
 HASH_HEX_LEN = 64
+#: A chunk's optional second copy lives at ``<key>.replica`` (same store, same prefix).
+REPLICA_SUFFIX = ".replica"
+
+
+def replica_key(key: str) -> str:
+    """Key of the replica of chunk ``key`` (GC keeps it while ``key`` is referenced)."""
+    return key + REPLICA_SUFFIX
 
 
 def content_hash(data: Buffer) -> str:
@@ -80,6 +101,19 @@ class ChunkRef:
 
 
 @dataclass(frozen=True)
+class RepairEvent:
+    """One bad copy of a chunk replaced by a good one."""
+
+    key: str  # the key rewritten (a chunk key, or a replica key)
+    store: str  # URL of the store (tier) whose copy was bad
+    source: str  # "<url> <key>" of the good copy
+    problem: str  # what was wrong with the bad copy
+
+    def __str__(self) -> str:
+        return f"repaired {self.key} in {self.store} from {self.source} ({self.problem})"
+
+
+@dataclass(frozen=True)
 class PutResult:
     """A ``ChunkRef`` plus whether this call wrote bytes (False: dedup hit)."""
 
@@ -90,12 +124,16 @@ class PutResult:
 class ChunkStore:
     """Content-addressed, verified chunks on top of any ``Store``."""
 
-    def __init__(self, store: Store, prefix: str = "chunks", codec: CodecConfig | None = None) -> None:
+    def __init__(self, store: Store, prefix: str = "chunks", codec: CodecConfig | None = None,
+                 on_repair: Sequence[Callable[[RepairEvent], None]] = ()) -> None:
         self.store = store
         self.prefix = prefix.strip("/")
         self.codec = codec or CodecConfig()
+        #: called with each ``RepairEvent`` (on the reading thread); errors are only logged
+        self.on_repair: list[Callable[[RepairEvent], None]] = list(on_repair)
         self._known: dict[str, int] = {}  # key -> stored size, for keys this process wrote or saw
         self._known_lock = threading.Lock()
+        self._repair_lock = threading.Lock()  # one repair at a time: rare, and no double repairs
 
     # -- writing ---------------------------------------------------------------------------
     def put(self, data: Buffer, codec: str | None = None, itemsize: int = 1,
@@ -148,14 +186,10 @@ class ChunkStore:
                     self._known.pop(key, None)
 
     # -- reading ---------------------------------------------------------------------------
-    def get(self, ref: ChunkRef, out: memoryview | None = None) -> Buffer:
-        """Read, decode (into ``out`` if given) and verify one chunk."""
-        key = ref.key(self.prefix)
-        if out is not None and memoryview(out).nbytes != ref.size:
-            raise ConfigError(
-                f"chunk {key}: output buffer has {memoryview(out).nbytes} bytes, the chunk {ref.size}"
-            )
-        stored = self.store.get(key)
+    def check(self, ref: ChunkRef, stored: Buffer, out: memoryview | None = None, key: str | None = None) -> Buffer:
+        """Decode ``stored`` (one copy of ``ref``'s chunk, into ``out`` if given) and verify
+        its length and hash; raises ``ChunkCorruptError`` naming ``key``."""
+        key = key or ref.key(self.prefix)
         n = memoryview(stored).nbytes
         if n != ref.stored:
             raise ChunkCorruptError(f"chunk {key}: {n} bytes stored, reference says {ref.stored}")
@@ -164,15 +198,142 @@ class ChunkStore:
             raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
         return raw
 
-    def verify(self, ref: ChunkRef, deep: bool = True) -> None:
-        """Raise if the chunk is missing (shallow) or does not decode to its hash (deep)."""
+    def get(self, ref: ChunkRef, out: memoryview | None = None) -> Buffer:
+        """Read, decode (into ``out`` if given) and verify one chunk; repair a bad copy."""
         key = ref.key(self.prefix)
-        if deep:
-            self.get(ref)
+        if out is not None and memoryview(out).nbytes != ref.size:
+            raise ConfigError(
+                f"chunk {key}: output buffer has {memoryview(out).nbytes} bytes, the chunk {ref.size}"
+            )
+        try:
+            return self.check(ref, self.store.get(key), out, key)
+        except (ChunkCorruptError, NotFoundError) as exc:
+            return self.recover(ref, out, exc)
+
+    def get_stored(self, ref: ChunkRef) -> Buffer:
+        """The stored (encoded) bytes of a verified good copy of ``ref``'s chunk - what a
+        tier copy or a replica writes; a bad copy met on the way is repaired."""
+        key = ref.key(self.prefix)
+        try:
+            stored = self.store.get(key)
+            self.check(ref, stored, key=key)
+            return stored
+        except (ChunkCorruptError, NotFoundError) as exc:
+            return self._recover(ref, None, exc)[0]
+
+    def recover(self, ref: ChunkRef, out: memoryview | None, error: ChunkCorruptError | NotFoundError) -> Buffer:
+        """After ``error`` (a bad or missing copy): find a good copy in any tier or replica,
+        replace the bad copies with it, return the decoded chunk; else raise (module doc)."""
+        return self._recover(ref, out, error)[1]
+
+    def _recover(self, ref: ChunkRef, out: memoryview | None,
+                 error: ChunkCorruptError | NotFoundError) -> tuple[Buffer, Buffer]:
+        """``recover``, returning (stored bytes, decoded chunk) of the good copy."""
+        key = ref.key(self.prefix)
+        with self._repair_lock:
+            try:  # another thread may have repaired it while we waited
+                stored = self.store.get(key)
+                return stored, self.check(ref, stored, out, key)
+            except (ChunkCorruptError, NotFoundError):
+                pass
+            good, bad, failed = self._scan(ref, out, every=False)
+            if good is None:
+                if failed is not None:
+                    raise failed  # a tier could not answer: not known to be corrupt
+                if isinstance(error, NotFoundError):
+                    raise error
+                problems = "; ".join(f"{s.url} {k}: {p}" for s, k, p in bad) or "no other copy"
+                raise ChunkCorruptError(f"{error} - no good copy in any tier or replica ({problems})") from None
+            stored, raw, src, src_key = good
+            if isinstance(error, NotFoundError):  # lost everywhere but a replica: restore the primary there
+                bad.append((src, key, "missing"))
+            self._repair(bad, stored, src, src_key)
+            return stored, raw
+
+    def _copies(self) -> list[tuple[Store, str]]:
+        """(tier, key kind) in the order copies are tried: primaries in every tier, then replicas."""
+        return [(tier, kind) for kind in ("primary", "replica") for tier in self.store.tiers()]
+
+    def _scan(self, ref: ChunkRef, out: memoryview | None, every: bool
+              ) -> tuple[tuple[Buffer, Buffer, Store, str] | None, list[tuple[Store, str, str]], StoreError | None]:
+        """Read the copies of ``ref`` (all with ``every``, else up to the first good one).
+        Returns (good: (stored, raw, tier, key) or None, bad: [(tier, key, problem)],
+        the first store error met)."""
+        key = ref.key(self.prefix)
+        good, bad, failed = None, [], None
+        for tier, kind in self._copies():
+            k = key if kind == "primary" else replica_key(key)
+            try:
+                stored = tier.get(k)
+            except NotFoundError:
+                continue
+            except StoreError as exc:
+                failed = failed or exc
+                log.warning("chunk %s: could not read the copy in %s: %s", k, tier.url, exc)
+                continue
+            try:
+                raw = self.check(ref, stored, out if good is None else None, k)
+            except ChunkCorruptError as exc:
+                bad.append((tier, k, str(exc)))
+                continue
+            if good is None:
+                good = (stored, raw, tier, k)
+                if not every:
+                    break
+        return good, bad, failed
+
+    def _repair(self, bad: list[tuple[Store, str, str]], stored: Buffer, src: Store, src_key: str) -> None:
+        """Atomically replace each bad copy with the good ``stored`` bytes; report each."""
+        for tier, k, problem in bad:
+            try:
+                tier.put(k, stored)
+            except StoreError as exc:  # the read still succeeds; the next read retries the repair
+                log.error("chunk %s: could not repair the bad copy in %s: %s", k, tier.url, exc)
+                continue
+            event = RepairEvent(k, tier.url, f"{src.url} {src_key}", problem)
+            log.warning("chunk %s", event)
+            for fn in self.on_repair:
+                try:
+                    fn(event)
+                except Exception as exc:  # noqa: BLE001 - reporting never breaks a read
+                    log.warning("repair listener %r failed: %s", fn, exc)
+
+    def verify(self, ref: ChunkRef, deep: bool = True) -> None:
+        """Raise if the chunk is missing (shallow) or has no copy that decodes to its hash
+        (deep). Deep is a scrub: every copy in every tier (and replica) is read, bad ones
+        are repaired from a good one."""
+        key = ref.key(self.prefix)
+        if not deep:
+            size = self.store.head(key).size
+            if size != ref.stored:
+                raise ChunkCorruptError(f"chunk {key}: {size} bytes stored, reference says {ref.stored}")
             return
-        size = self.store.head(key).size
-        if size != ref.stored:
-            raise ChunkCorruptError(f"chunk {key}: {size} bytes stored, reference says {ref.stored}")
+        good, bad, failed = self._scan(ref, None, every=True)
+        if good is None:
+            if failed is not None:
+                raise failed
+            if not bad:
+                raise NotFoundError(f"no object {key!r} in {self.store.url}")
+            raise ChunkCorruptError(f"chunk {key}: no good copy in any tier or replica ("
+                                    + "; ".join(f"{s.url} {k}: {p}" for s, k, p in bad) + ")")
+        stored, _raw, src, src_key = good
+        if not any(k == key for _t, k, _p in bad) and src_key != key:
+            # only a replica is left: the primary is missing (a missing copy in one tier of
+            # several is normal - eviction - so only the primary key of the replica's tier)
+            bad.append((src, key, "missing"))
+        with self._repair_lock:
+            self._repair(bad, stored, src, src_key)
+
+    def put_replica(self, ref: ChunkRef) -> int:
+        """Store a second copy of ``ref``'s chunk under ``replica_key`` (after verifying the
+        primary: a corrupt one is never replicated). Returns the bytes written (0: exists)."""
+        key = ref.key(self.prefix)
+        rkey = replica_key(key)
+        if self.store.exists(rkey):
+            return 0
+        stored = self.get_stored(ref)
+        self.store.put(rkey, stored)
+        return memoryview(stored).nbytes
 
     # -- housekeeping ----------------------------------------------------------------------
     def list_keys(self) -> Iterator[tuple[str, int, float | None]]:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..chunks import ChunkStore
+from ..chunks import ChunkStore, RepairEvent
 from ..codecs import CodecConfig
 from ..errors import (
     AlreadyExistsError,
@@ -76,8 +76,10 @@ class CheckpointManager:
         self.options = options or WriteOptions()
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store, **(store_options or {})) if isinstance(store, str) else store
+        self.repairs: list[RepairEvent] = []  # bad chunk copies this manager's reads repaired
         self.chunks = ChunkStore(self.store, codec=CodecConfig(self.options.codec, self.options.level,
-                                                               self.options.codec_threads))
+                                                               self.options.codec_threads),
+                                 on_repair=[self._repaired])
         self.hooks: list[Callable[[CheckpointInfo, CheckpointManager], None]] = list(hooks)
         # observers(event, fields): "save_staged", "save_committed", "save_failed", "restore",
         # "verify" - for metrics (trainstore.lifecycle.metrics); their errors are only logged
@@ -250,6 +252,12 @@ class CheckpointManager:
 
         return lookup
 
+    def _repaired(self, event: RepairEvent) -> None:
+        """A read met a bad chunk copy and replaced it with a good one (``ChunkStore``)."""
+        with self._lock:
+            self.repairs.append(event)
+        self._notify("repair", key=event.key, tier=event.store, source=event.source)
+
     def _notify(self, event: str, **fields: Any) -> None:
         for obs in self.observers:
             try:
@@ -377,6 +385,7 @@ class CheckpointManager:
                           retry_bad: bool = False, into: Any = None) -> RestoreResult:
         self._check_open()
         t0 = time.perf_counter()
+        repairs_before = len(self.repairs)
         if _distributed_job():  # every rank's in-flight save has committed before steps are listed
             from ..dcp.bridge import settle
 
@@ -431,7 +440,8 @@ class CheckpointManager:
                 continue
             if skipped and why.startswith("newest"):
                 why = f"newest checkpoint that verifies ({len(skipped)} newer skipped)"
-            result = RestoreResult(s, m.kind, why, skipped, state, time.perf_counter() - t0)
+            result = RestoreResult(s, m.kind, why, skipped, state, time.perf_counter() - t0,
+                                   repairs=self.repairs[repairs_before:])
             self._notify("restore", ok=True, step=s, kind=m.kind, seconds=result.seconds, skipped=len(skipped),
                          logical_bytes=m.logical_bytes)
             self.last_restore = result

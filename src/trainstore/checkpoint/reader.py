@@ -60,13 +60,25 @@ def _get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool =
     block as they arrive) or into a per-thread reusable buffer (compressed), then decoded
     into ``out`` and re-hashed: the same checks as ``ChunkStore.get`` (stored length,
     decode, BLAKE3). ``verify=False`` skips only the hash (the caller checks a hash over
-    what it builds from this chunk, as ``_read_piece`` does for XOR deltas).
+    what it builds from this chunk, as ``_read_piece`` does for XOR deltas). A bad local
+    copy is repaired like in ``ChunkStore.get`` (another tier, a replica); one that vanished
+    (evicted) is read through the store.
     """
-    key = ref.key(chunks.prefix)
-    path = chunks.store.local_path(key)
+    path = chunks.store.local_path(ref.key(chunks.prefix))
     if path is None:
         chunks.get(ref, out=out)
         return
+    try:
+        _read_local(chunks, ref, out, verify, path)
+    except ChunkCorruptError as exc:
+        chunks.recover(ref, out, exc)
+    except NotFoundError:
+        chunks.get(ref, out=out)
+
+
+def _read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool, path: str) -> None:
+    """The local fast path of ``_get_into`` (no repair)."""
+    key = ref.key(chunks.prefix)
     hasher = blake3.blake3() if ref.codec == "raw" and verify else None
     try:
         with open(path, "rb", buffering=0) as f:
@@ -120,8 +132,12 @@ def _read_piece(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None:
     _get_into(chunks, entry.base, memoryview(base), verify=False)
     xor_into(out, base, out)
     if content_hash(view) != entry.content_hash:
-        _get_into(chunks, entry.ref, view)  # raises ChunkCorruptError naming the chunk, if it is one
+        # verified reads name the corrupt chunk - or repair it from another tier or replica
+        _get_into(chunks, entry.ref, view)
         _get_into(chunks, entry.base, memoryview(base))
+        xor_into(out, base, out)
+        if content_hash(view) == entry.content_hash:
+            return
         raise ChunkCorruptError(f"chunk {entry.ref.key(chunks.prefix)} XOR base {entry.base.key(chunks.prefix)}: "
                                 "result does not match the recorded hash")
 

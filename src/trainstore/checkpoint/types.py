@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..chunks import RepairEvent
 from ..errors import ConfigError
 from . import manifest as mf
 from .manifest import Manifest
@@ -85,11 +86,14 @@ class RestoreResult:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     state: Any = None
     seconds: float = 0.0
+    repairs: list[RepairEvent] = field(default_factory=list)  # bad chunk copies replaced on the way
 
     def __str__(self) -> str:
         s = f"restored step {self.step} ({self.kind}): {self.reason}"
         if self.skipped:
             s += "; skipped " + ", ".join(f"{st} ({why})" for st, why in self.skipped)
+        if self.repairs:
+            s += f"; repaired {len(self.repairs)} bad chunk copies: " + ", ".join(str(e) for e in self.repairs[:3])
         return s
 
 

@@ -7,7 +7,8 @@
 Metrics (prefix ``trainstore_ckpt_``): saves by kind and outcome, caller blocking seconds,
 save and restore duration, time from creation to restore-ready and to durable, bytes
 logical/stored/written per tier, the last save's dedup and compression ratios, restores and
-fallbacks (checkpoints skipped on the way), verification failures.
+fallbacks (checkpoints skipped on the way), verification failures, repairs of bad chunk copies
+(per tier that held the bad copy; see docs/checkpoints.md "Repair").
 
 With ``persist=True`` (the default when a store is given) the observer also writes its
 cumulative counters to ``jobs/<job>/stats/<host>-<pid>-<start>.json`` in the store after
@@ -37,7 +38,7 @@ log = logging.getLogger("trainstore.lifecycle.metrics")
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 STATS_FIELDS = ("saves", "save_failures", "save_seconds", "blocked_seconds", "restores", "restores_ok",
                 "restores_failed", "fallbacks", "verifications", "verify_failures", "logical_bytes",
-                "written_bytes", "durable_copies", "durable_seconds")
+                "written_bytes", "durable_copies", "durable_seconds", "repairs")
 
 
 @dataclass
@@ -78,6 +79,8 @@ class CheckpointMetrics:
                                  ["job"], registry=r)
         self.verifications = Counter(p + "verifications", "Verifications by outcome", ["job", "outcome"],
                                      registry=r)
+        self.repairs = Counter(p + "repairs", "Bad chunk copies replaced by a good copy from another tier or "
+                               "a replica, by the tier (store URL) that held the bad copy", ["job", "tier"], registry=r)
         self.store = store
         self.persist = persist and store is not None
         self._lock = threading.Lock()
@@ -116,6 +119,9 @@ class CheckpointMetrics:
         elif event == "verify":
             self.verifications.labels(job, "ok" if f["ok"] else "failed").inc()
             add.update(verifications=1, verify_failures=0 if f["ok"] else 1)
+        elif event == "repair":
+            self.repairs.labels(job, f["tier"]).inc()
+            add["repairs"] = 1
         elif event == "durable":
             self.durable.labels(job).observe(f["since_created"])
             self.bytes.labels(job, f.get("tier", "durable"), "stored").inc(f.get("copied_bytes", 0))

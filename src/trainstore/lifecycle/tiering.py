@@ -31,12 +31,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..checkpoint import manifest as mf
+from ..chunks import ChunkStore, RepairEvent
 from ..errors import AlreadyExistsError, ConfigError, ConflictError, NotFoundError, TrainstoreError
 from ..store import open_store
-from ..store.base import Buffer, ObjectMeta, Store
+from ..store.base import Buffer, ObjectMeta, Store, StoreCapabilities
 from .gc import LEASES, GcOptions, collect_garbage
 from .retention import delete_checkpoint, parse_duration
 
@@ -49,11 +51,19 @@ class TieredStore(Store):
 
     def __init__(self, hot: Store, durable: Store, archive: Store | None = None) -> None:
         self.hot, self.durable, self.archive = hot, durable, archive
-        self.tiers = [s for s in (hot, durable, archive) if s is not None]
+        self._tiers = tuple(s for s in (hot, durable, archive) if s is not None)
         self.url = f"tiered({hot.url} -> {durable.url}" + (f" -> {archive.url})" if archive else ")")
 
+    def tiers(self) -> tuple[Store, ...]:
+        """hot, durable[, archive]: readers verify and repair copies tier by tier (``ChunkStore``)."""
+        return self._tiers
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return StoreCapabilities(tiered=True)
+
     def _first(self, key: str, fn: Callable[[Store], Any]) -> Any:
-        for s in self.tiers:
+        for s in self._tiers:
             try:
                 return fn(s)
             except NotFoundError:
@@ -76,21 +86,21 @@ class TieredStore(Store):
         return self.hot.put(key, data)
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        for s in self.tiers[1:]:  # a step evicted from hot still exists
+        for s in self._tiers[1:]:  # a step evicted from hot still exists
             if s.exists(key):
                 raise AlreadyExistsError(f"object {key!r} already exists in {s.url}")
         return self.hot.put_if_absent(key, data)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         seen: set[str] = set()
-        for s in self.tiers:
+        for s in self._tiers:
             for meta in s.list(prefix):
                 if meta.key not in seen:
                     seen.add(meta.key)
                     yield meta
 
     def delete(self, key: str) -> None:
-        for s in self.tiers:
+        for s in self._tiers:
             s.delete(key)
 
     def local_path(self, key: str) -> str | None:
@@ -102,7 +112,7 @@ class TieredStore(Store):
         return [self.hot, self.durable], [self.hot]
 
     def close(self) -> None:
-        for s in self.tiers:
+        for s in self._tiers:
             s.close()
 
 
@@ -149,22 +159,32 @@ def _tier_key(job: str, step: int) -> str:
     return mf.step_prefix(job, step) + TIER_NAME
 
 
-def copy_checkpoint(src: Store, dst: Store, job: str, step: int, workers: int = 4) -> int:
+def copy_checkpoint(src: Store, dst: Store, job: str, step: int, workers: int = 4, *,
+                    fallbacks: Sequence[Store] = (),
+                    on_repair: Sequence[Callable[[RepairEvent], None]] = ()) -> int:
     """Copy one checkpoint: chunks ``dst`` lacks, then the manifest (conditional create).
-    Returns the chunk bytes copied. Chunks missing in ``src`` must already be in ``dst``."""
+    Returns the chunk bytes copied. Chunks missing in ``src`` must already be in ``dst``.
+
+    Every chunk is verified (length, decode, BLAKE3) before it is written, so bit rot in
+    ``src`` never spreads: a bad ``src`` copy is replaced by a good one from ``fallbacks``
+    (other tiers) or a replica, and the good bytes are copied; with no good copy anywhere the
+    copy raises ``ChunkCorruptError`` naming the chunk, and the manifest is not written.
+    """
     raw = src.get(mf.manifest_key(job, step))
     m = mf.Manifest.from_bytes(raw, mf.manifest_key(job, step))
-    keys = sorted(mf.manifest_chunk_keys(m))
+    view = TieredStore(src, *fallbacks[:2]) if fallbacks else src
+    reader = ChunkStore(view, on_repair=on_repair)
+    refs = {r.key(reader.prefix): r for r in mf.manifest_refs(m)}
 
     def one(key: str) -> int:
         if dst.exists(key):
             return 0
-        data = src.get(key)
+        data = reader.get_stored(refs[key])
         dst.put(key, data)
         return memoryview(data).nbytes
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-tier-copy") as pool:
-        copied = sum(pool.map(one, keys))
+        copied = sum(pool.map(one, sorted(refs)))
     try:
         dst.put_if_absent(mf.manifest_key(job, step), raw)
     except AlreadyExistsError:
@@ -231,7 +251,9 @@ class Tiering:
             m = mf.load_manifest(self.hot, job, step)
             created = m.created if created is None else created
             restore_ready_at = restore_ready_at or self.hot.head(mf.manifest_key(job, step)).mtime or created
-        copied = copy_checkpoint(self.hot, self.durable, job, step, self.workers)
+        copied = copy_checkpoint(self.hot, self.durable, job, step, self.workers,
+                                 fallbacks=[s for s in (self.archive_store,) if s is not None],
+                                 on_repair=[partial(self._repaired, job)])
         if not self.hot.exists(mf.manifest_key(job, step)):  # retention deleted it while we copied
             delete_checkpoint(self.durable, job, step)
             raise NotFoundError(f"step {step} of job {job!r} was deleted from the hot tier during its copy")
@@ -248,6 +270,14 @@ class Tiering:
             except Exception as exc:  # noqa: BLE001
                 log.warning("tiering observer failed: %s", exc)
         return self.status(job, step)[0]
+
+    def _repaired(self, job: str, event: RepairEvent) -> None:
+        """A tier copy met a bad copy and repaired it: tell the observers (metrics)."""
+        for obs in self.observers:
+            try:
+                obs("repair", {"job": job, "key": event.key, "tier": event.store, "source": event.source})
+            except Exception as exc:  # noqa: BLE001
+                log.warning("tiering observer failed: %s", exc)
 
     def sync(self, job: str) -> list[int]:
         """Copy every hot checkpoint the durable tier lacks (e.g. after a crash). Returns steps."""
@@ -331,7 +361,8 @@ class Tiering:
         if dry_run:
             return victims
         for s in victims:
-            copy_checkpoint(self.durable, self.archive_store, job, s, self.workers)
+            copy_checkpoint(self.durable, self.archive_store, job, s, self.workers, fallbacks=[self.hot],
+                            on_repair=[partial(self._repaired, job)])
             rec = self._record(job, s) or {}
             self.archive_store.put(_tier_key(job, s), json.dumps({**rec, "archived_at": time.time()}).encode())
             delete_checkpoint(self.durable, job, s)  # its chunks go at the next durable gc
