@@ -45,6 +45,10 @@ class ManifestError(IntegrityError):
     """A manifest is unreadable, malformed or refers to something impossible."""
 
 
+class ChunkMissingError(IntegrityError, NotFoundError):
+    """A chunk that a committed manifest names does not exist in the store."""
+
+
 class StoreError(TrainstoreError, OSError):
     """An I/O operation on a store failed for a reason not covered below."""
 
@@ -70,7 +74,21 @@ class SchemaError(TrainstoreError, ValueError):
 
 
 class NoValidCheckpointError(NotFoundError):
-    """No checkpoint verified; the message lists what was tried and why each failed."""
+    """Checkpoints exist but none could be restored; the message lists each and why it failed."""
+
+
+class NoCheckpointError(NoValidCheckpointError):
+    """The job has no committed checkpoint at all (a fresh start).
+
+    A subclass of ``NoValidCheckpointError`` so that existing ``except NoValidCheckpointError``
+    callers keep catching it; catch ``NoCheckpointError`` to start fresh only when nothing was
+    ever saved, and let ``NoValidCheckpointError`` (every checkpoint corrupt) propagate.
+    """
+
+
+class RestoreIncompleteError(TrainstoreError, RuntimeError):
+    """``restore_into`` failed after it began writing the target (a piece that verified in its
+    first pass failed when read again); the target holds part of the checkpoint."""
 
 
 class BackgroundError(TrainstoreError, RuntimeError):

@@ -41,6 +41,9 @@ from ..errors import (
     AlreadyExistsError,
     BackgroundError,
     ConfigError,
+    IntegrityError,
+    ManifestError,
+    NoCheckpointError,
     NotFoundError,
     NoValidCheckpointError,
     StoreUnavailableError,
@@ -50,12 +53,11 @@ from ..store import open_store
 from ..store.base import Store
 from . import manifest as mf
 from .manifest import ChunkEntry, Manifest
-from .reader import load_into, load_state
+from .reader import SCRATCH_BYTES, load_into, load_state
 from .staging import Arena, StagedTensor, Stager, plan
 from .state import flatten
 from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle, code_version
-from .verify import record as record_verify
-from .verify import verify_manifest
+from .verify import record as record_verify, verify_manifest
 from .writer import WriteOptions, WriteStats, lower_thread_priority, write_tensors
 
 log = logging.getLogger("trainstore.checkpoint")
@@ -353,13 +355,14 @@ class CheckpointManager:
         for s in steps:
             try:
                 m = self.manifest(s)
-                rec = verify_manifest(self.chunks, m, deep=deep, workers=self.read_workers)
-            except StoreUnavailableError:
-                raise
-            except TrainstoreError as exc:
-                if step is not None and isinstance(exc, NotFoundError) and not self.store.exists(mf.manifest_key(self.job, s)):
+            except IntegrityError as exc:  # only integrity failures are recorded as bad
+                m, rec = None, mf.new_verify_record(s, deep, [f"manifest: {exc}"], 0)
+            except NotFoundError:
+                if step is not None or self.store.exists(mf.manifest_key(self.job, s)):
                     raise NotFoundError(f"no checkpoint step {s} for job {self.job!r}") from None
-                rec = mf.new_verify_record(s, deep, [f"manifest: {exc}"], 0)
+                continue  # deleted since it was listed
+            if m is not None:
+                rec = verify_manifest(self.chunks, m, deep=deep, workers=self.read_workers)
             record_verify(self.chunks, self.job, rec)
             self._notify("verify", step=s, ok=rec.ok, deep=deep, errors=len(rec.errors))
             if not rec.ok:
@@ -373,16 +376,31 @@ class CheckpointManager:
         """The state of the newest checkpoint that loads and verifies (or of ``step``/``best``).
 
         Sets ``last_restore`` (a ``RestoreResult``) saying which step was chosen and why.
+        Raises ``NoCheckpointError`` when the job has none, ``NoValidCheckpointError`` (its
+        base class) when none could be restored.
         """
         return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad).state
 
     def restore_into(self, state: Any, step: int | None = None, *, best: str | None = None, mode: str = "min",
-                     retry_bad: bool = False) -> RestoreResult:
-        """Restore into the tensors of ``state`` in place (no extra copy); returns the result."""
-        return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad, into=state)
+                     retry_bad: bool = False, scratch_bytes: int = SCRATCH_BYTES) -> RestoreResult:
+        """Restore into the tensors of ``state`` in place; returns the result.
+
+        Transactional per candidate: ``state`` changes only once a checkpoint has been read
+        and verified entirely, so a failed restore leaves it as it was (``reader.load_into``;
+        ``scratch_bytes`` bounds the verified bytes held before they are copied in).
+        """
+        return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad, into=state,
+                                      scratch_bytes=scratch_bytes)
 
     def restore_with_info(self, step: int | None = None, *, best: str | None = None, mode: str = "min",
-                          retry_bad: bool = False, into: Any = None) -> RestoreResult:
+                          retry_bad: bool = False, into: Any = None, scratch_bytes: int = SCRATCH_BYTES) -> RestoreResult:
+        """``restore`` / ``restore_into`` returning the ``RestoreResult`` (see module docstring).
+
+        Only an integrity failure (``IntegrityError``: a corrupt, undecodable or missing chunk,
+        an unreadable manifest, a missing base) skips a candidate and records it as bad; any
+        other error (store unreachable, I/O error, out of memory, a target that does not match)
+        is raised and leaves no record, so the checkpoint stays restorable.
+        """
         self._check_open()
         t0 = time.perf_counter()
         repairs_before = len(self.repairs)
@@ -402,12 +420,12 @@ class CheckpointManager:
                                     f"(committed: {self.steps()[-10:]})")
             order = [(step, f"step {step} was asked for")]
             retry_bad = True
-        elif best is not None:
-            order = self._best_order(best, mode, skipped)
         else:
-            order = [(s, "newest checkpoint that verifies") for s in reversed(self.steps())]
-            if not order:
-                raise NoValidCheckpointError(f"job {self.job!r} has no checkpoints in {self.store.url}")
+            steps = self.steps()
+            if not steps:
+                raise NoCheckpointError(f"job {self.job!r} has no checkpoints in {self.store.url}")
+            order = self._best_order(steps, best, mode, skipped) if best is not None \
+                else [(s, "newest checkpoint that verifies") for s in reversed(steps)]
         for s, why in order:
             if not retry_bad:
                 rec = mf.load_verify_record(self.store, self.job, s)
@@ -425,18 +443,19 @@ class CheckpointManager:
                     state = load_dcp(self, m, into)
                 else:
                     state = load_state(self.chunks, m, self.read_workers) if into is None \
-                        else load_into(self.chunks, m, into, self.read_workers)
-            except StoreUnavailableError:
-                raise
-            except ConfigError:
-                raise  # a mismatch with the target state, not a bad checkpoint
-            except TrainstoreError as exc:
+                        else load_into(self.chunks, m, into, self.read_workers, scratch_bytes)
+            except IntegrityError as exc:  # the checkpoint itself is bad: record it, try an older one
                 if step is not None:
                     raise
                 reason = f"{type(exc).__name__}: {exc}"
                 skipped.append((s, reason))
                 log.warning("restore: skipping step %d of job %r: %s", s, self.job, reason)
                 record_verify(self.chunks, self.job, mf.new_verify_record(s, False, [reason], 0))
+                continue
+            except NotFoundError:
+                if step is not None or self.store.exists(mf.manifest_key(self.job, s)):
+                    raise
+                skipped.append((s, "deleted while restoring"))  # e.g. by retention: not bad
                 continue
             if skipped and why.startswith("newest"):
                 why = f"newest checkpoint that verifies ({len(skipped)} newer skipped)"
@@ -456,24 +475,29 @@ class CheckpointManager:
         )
 
     def _check_base(self, m: Manifest) -> None:
+        """An incremental's base must exist and be full: else the incremental is bad (ManifestError)."""
         if m.kind == "incremental":
             try:
                 base = self.manifest(m.base_step)  # type: ignore[arg-type]
             except NotFoundError:
-                raise NotFoundError(f"base full checkpoint step {m.base_step} of incremental step {m.step} is missing") from None
+                raise ManifestError(f"base full checkpoint step {m.base_step} of incremental step {m.step} "
+                                    "is missing") from None
             if base.kind != "full":
-                raise mf.ManifestError(f"base step {m.base_step} of step {m.step} is not a full checkpoint")
+                raise ManifestError(f"base step {m.base_step} of step {m.step} is not a full checkpoint")
 
-    def _best_order(self, metric: str, mode: str, skipped: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    def _best_order(self, steps: list[int], metric: str, mode: str,
+                    skipped: list[tuple[int, str]]) -> list[tuple[int, str]]:
         scored, seen = [], set()
-        for s in self.steps():
+        for s in steps:
             try:
                 m = self.manifest(s)
-            except TrainstoreError as exc:
-                if isinstance(exc, StoreUnavailableError):
-                    raise
+            except IntegrityError as exc:
                 skipped.append((s, f"unreadable manifest: {exc}"))
                 continue
+            except NotFoundError:
+                if self.store.exists(mf.manifest_key(self.job, s)):
+                    raise
+                continue  # deleted since it was listed
             seen.update(m.metrics)
             v = m.metrics.get(metric)
             if isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -5,9 +5,13 @@ deltas are decoded into the destination, the base chunk into a per-thread scratc
 XORed in place and checked against the piece's recorded hash. Pieces are decoded in
 parallel on a thread pool (the zstd codecs and BLAKE3 release the GIL).
 
-``load_state`` allocates fresh tensors; ``load_into`` decodes into the tensors of an existing
-state (``restore_into``): contiguous CPU tensors of the right dtype and shape receive the
-bytes directly, anything else (CUDA, non-contiguous) through one host buffer and ``copy_``.
+``load_state`` allocates fresh tensors. ``load_into`` fills the tensors of an existing state
+(``restore_into``) transactionally: no byte lands in the target before every piece of the
+checkpoint was read and verified. Tensors that fit ``scratch_bytes`` are decoded into scratch
+buffers and copied in after the last piece verified (one read); larger ones are verified in a
+first pass and read again piece by piece (each piece re-verified in a per-thread buffer
+before it is copied), so memory stays bounded by ``scratch_bytes`` plus one piece per thread.
+CUDA and non-contiguous targets always go through a host buffer and ``copy_``.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ from ..codecs import decode
 from ..errors import (
     CapacityError,
     ChunkCorruptError,
+    ChunkMissingError,
     ConfigError,
+    IntegrityError,
     ManifestError,
     NotFoundError,
+    RestoreIncompleteError,
     StoreError,
 )
 from .delta import scratch, xor_into
@@ -47,6 +54,9 @@ _tls = threading.local()
 #: Raw chunks are read and hashed in blocks of this size: each block is hashed while it is
 #: still in the CPU cache, instead of a second pass over the whole chunk in memory.
 READ_BLOCK = 1 << 20
+#: ``restore_into`` holds at most this many bytes of decoded, verified tensors before copying
+#: them into the target; tensors past it are verified first and read a second time.
+SCRATCH_BYTES = 1 << 30
 #: Block threads for blosc2 chunks (shuffle-lz4, legacy zstd): blosc2 holds the GIL, so pool
 #: threads serialize on it while its own threads run in parallel. The zstd codecs release the
 #: GIL and decode on the pool threads themselves.
@@ -117,6 +127,17 @@ def _read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool
 
 
 def _read_piece(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None:
+    """Read one piece into ``out``; a chunk that does not exist raises ``ChunkMissingError``
+    (an integrity failure of the checkpoint, unlike e.g. an I/O error)."""
+    try:
+        _read_piece_checked(chunks, entry, out)
+    except NotFoundError as exc:
+        if isinstance(exc, IntegrityError):
+            raise
+        raise ChunkMissingError(f"missing chunk: {exc}") from None
+
+
+def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None:
     """Read one piece into ``out``. An XOR delta and its base chunk are not hashed one by one:
     the reconstructed piece is checked against its recorded BLAKE3 hash, which verifies both
     inputs at once (one hash pass instead of three); only on a mismatch are the two chunks
@@ -142,20 +163,45 @@ def _read_piece(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None:
                                 "result does not match the recorded hash")
 
 
-def _fill(chunks: ChunkStore, jobs: list[tuple[TensorEntry, np.ndarray]], workers: int) -> None:
-    tasks = []
-    for entry, dst in jobs:
-        if dst.nbytes != entry.nbytes:
-            raise ManifestError(f"destination holds {dst.nbytes} bytes, manifest says {entry.nbytes}")
-        pos = 0
-        for piece in entry.chunks:
-            tasks.append((piece, dst[pos:pos + piece.size]))
-            pos += piece.size
+def _pieces(entry: TensorEntry, dst: np.ndarray) -> list[tuple[Any, np.ndarray]]:
+    """(piece, slice of ``dst``) for every piece of ``entry``."""
+    if dst.nbytes != entry.nbytes:
+        raise ManifestError(f"destination holds {dst.nbytes} bytes, manifest says {entry.nbytes}")
+    out, pos = [], 0
+    for piece in entry.chunks:
+        out.append((piece, dst[pos:pos + piece.size]))
+        pos += piece.size
+    return out
+
+
+def _piece_buffer(n: int) -> np.ndarray:
+    """A per-thread reusable buffer of ``n`` bytes (distinct from ``delta.scratch``)."""
+    buf = getattr(_tls, "piece", None)
+    if buf is None or buf.nbytes < n:
+        buf = _tls.piece = np.empty(max(n, 1), dtype=np.uint8)
+    return buf[:n]
+
+
+def _check_piece(chunks: ChunkStore, piece: Any, copy_to: np.ndarray | None) -> None:
+    """Read and verify ``piece`` into a per-thread buffer; then copy it to ``copy_to`` if given."""
+    buf = _piece_buffer(piece.size)
+    _read_piece(chunks, piece, buf)
+    if copy_to is not None:
+        np.copyto(copy_to, buf)
+
+
+def _run(workers: int, fn: Any, tasks: list[tuple[Any, ...]]) -> None:
+    """``fn(*task)`` for every task on a thread pool; the first error is raised."""
     if not tasks:
         return
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks))), thread_name_prefix="trainstore-ckpt-read") as pool:
-        for f in [pool.submit(_read_piece, chunks, p, d) for p, d in tasks]:
+        for f in [pool.submit(fn, *t) for t in tasks]:
             f.result()
+
+
+def _fill(chunks: ChunkStore, jobs: list[tuple[TensorEntry, np.ndarray]], workers: int) -> None:
+    tasks = [(p, d) for entry, dst in jobs for p, d in _pieces(entry, dst)]
+    _run(workers, lambda p, d: _read_piece(chunks, p, d), tasks)
 
 
 def _check_size(entry: TensorEntry, itemsize: int) -> None:
@@ -212,46 +258,95 @@ def _lookup(leaves: dict[str, Any], name: str) -> Any:
         raise ManifestError(f"checkpoint skeleton names tensor {name!r}, which the manifest lacks") from None
 
 
-def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int = 4) -> Any:
-    """Fill the tensors of ``target`` in place and copy its other values; returns ``target``."""
+def _direct_view(leaf: Any, entry: TensorEntry) -> np.ndarray | None:
+    """A writable uint8 view of the target leaf's bytes, if they can be filled in place."""
+    obj = leaf.obj
+    if not entry.nbytes:
+        return None
+    if leaf.is_torch and obj.device.type == "cpu" and obj.is_contiguous() and not obj.is_conj() and not obj.is_neg():
+        return obj.detach().reshape(-1).view(torch.uint8).numpy()
+    if not leaf.is_torch and obj.flags.c_contiguous and obj.flags.writeable:
+        return obj.reshape(-1).view(np.uint8)
+    return None
+
+
+def _scratch_for(entry: TensorEntry, budget: int) -> np.ndarray | None:
+    """A scratch buffer for the whole tensor if it fits ``budget`` and memory (else None)."""
+    if entry.nbytes > budget:
+        return None
+    try:
+        return np.empty(entry.nbytes, dtype=np.uint8)
+    except MemoryError:
+        return None  # verified first and read twice instead
+
+
+def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int = 4,
+              scratch_bytes: int = SCRATCH_BYTES) -> Any:
+    """Fill the tensors of ``target`` in place and copy its other values; returns ``target``.
+
+    Nothing in ``target`` changes unless every piece of the checkpoint reads and verifies
+    (see the module docstring). ``RestoreIncompleteError`` is the one exception: a piece past
+    ``scratch_bytes`` that verified in the first pass failed when read again (the store
+    changed in between); the target then holds verified bytes of this checkpoint in part.
+    """
     _skel, leaves = flatten(target)
     by_name = {leaf.name: leaf for leaf in leaves}
     missing = [n for n in manifest.tensors if n not in by_name]
     if missing:
         raise ConfigError(f"restore_into: the target state has no tensor for {missing[:5]} "
                           f"(checkpoint step {manifest.step} has {len(manifest.tensors)} tensors)")
-    jobs, copies, placed = [], [], {}
     for name, entry in manifest.tensors.items():
         leaf = by_name[name]
         if leaf.dtype != entry.dtype or tuple(leaf.shape) != tuple(entry.shape):
             raise ConfigError(f"restore_into: {leaf.path} is {leaf.dtype}{list(leaf.shape)}, checkpoint step "
                               f"{manifest.step} has {entry.dtype}{list(entry.shape)}")
-        obj = leaf.obj
-        direct = None
-        if entry.nbytes and leaf.is_torch and obj.device.type == "cpu" and obj.is_contiguous() \
-                and not obj.is_conj() and not obj.is_neg():
-            direct = obj.detach().reshape(-1).view(torch.uint8).numpy()
-        elif entry.nbytes and not leaf.is_torch and obj.flags.c_contiguous and obj.flags.writeable:
-            direct = obj.reshape(-1).view(np.uint8)
-        if direct is not None:
-            jobs.append((entry, direct))
-            placed[name] = obj
-        else:
+    placed: dict[str, Any] = {}
+    staged: list[tuple[np.ndarray, np.ndarray]] = []  # (scratch, target view): copied after verification
+    copies: list[tuple[Any, Any]] = []  # (target, host tensor): copy_ after verification
+    twice: list[tuple[TensorEntry, np.ndarray]] = []  # verified, then read again into the target view
+    fill_jobs: list[tuple[TensorEntry, np.ndarray]] = []
+    budget = scratch_bytes
+    for name, entry in manifest.tensors.items():
+        obj = by_name[name].obj
+        placed[name] = obj
+        direct = _direct_view(by_name[name], entry)
+        if direct is None:
             tmp, raw = _new_leaf(entry)
-            jobs.append((entry, raw))
+            fill_jobs.append((entry, raw))
             if isinstance(obj, np.ndarray) and not obj.flags.writeable:
                 placed[name] = tmp  # read-only (e.g. from bytes): replaced, not filled
-                continue
-            copies.append((obj, tmp))
-            placed[name] = obj
-    _fill(chunks, jobs, workers)
+            else:
+                copies.append((obj, tmp))
+            continue
+        buf = _scratch_for(entry, budget)
+        if buf is None:
+            twice.append((entry, direct))
+            continue
+        budget -= entry.nbytes
+        fill_jobs.append((entry, buf))
+        staged.append((buf, direct))
+    restored = unflatten(manifest.skeleton, lambda tag, name: _lookup(placed, name))
+    # pass 1: read and verify everything; the target is untouched until this returns
+    tasks = [(p, d) for entry, dst in fill_jobs for p, d in _pieces(entry, dst)]
+    tasks += [(p, None) for entry, dst in twice for p, _ in _pieces(entry, dst)]
+    _run(workers, lambda p, d: _read_piece(chunks, p, d) if d is not None else _check_piece(chunks, p, None), tasks)
+    # pass 2: write the target
+    for buf, direct in staged:
+        np.copyto(direct, buf)
     for obj, tmp in copies:
         if isinstance(obj, np.ndarray):
             np.copyto(obj, tmp)
         else:
             with torch.no_grad():
                 obj.copy_(tmp)
-    restored = unflatten(manifest.skeleton, lambda tag, name: _lookup(placed, name))
+    try:
+        _run(workers, lambda p, d: _check_piece(chunks, p, d),
+             [(p, d) for entry, dst in twice for p, d in _pieces(entry, dst)])
+    except Exception as exc:  # the target is written in part: say so, whatever failed
+        raise RestoreIncompleteError(
+            f"restore_into of checkpoint step {manifest.step}: a piece verified in the first pass failed when "
+            f"read again ({type(exc).__name__}: {exc}); the target holds part of step {manifest.step}: "
+            "restore again") from exc
     return merge_into(target, restored)
 
 

@@ -6,6 +6,11 @@ re-hashed (``ChunkStore.verify(deep=True)``), and every XOR delta is applied to 
 and checked against the piece's recorded hash. The outcome is written to
 ``jobs/<job>/checkpoints/<step>/verify.json`` (see ``manifest.VerifyRecord``) so that
 ``restore()`` skips a checkpoint known to be bad.
+
+Only integrity failures (``IntegrityError``: corrupt, undecodable or missing chunks, an
+unreadable or missing base manifest) are recorded as problems; any other error (the store
+unreachable, an I/O error, out of memory) is raised and records nothing: it says nothing
+about the checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..chunks import ChunkRef, ChunkStore
-from ..errors import NotFoundError, StoreUnavailableError, TrainstoreError
+from ..errors import IntegrityError, NotFoundError, TrainstoreError
 from .manifest import Manifest, VerifyRecord, load_manifest, new_verify_record, write_verify_record
 from .reader import _read_piece
 
@@ -28,9 +33,7 @@ def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, w
             base = load_manifest(chunks.store, manifest.job, manifest.base_step)  # type: ignore[arg-type]
             if base.kind != "full":
                 errors.append(f"base step {manifest.base_step} is not a full checkpoint")
-        except StoreUnavailableError:
-            raise
-        except TrainstoreError as exc:
+        except (IntegrityError, NotFoundError) as exc:
             errors.append(f"base step {manifest.base_step}: {exc}")
     refs: set[ChunkRef] = set()
     deltas = []
@@ -43,20 +46,16 @@ def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, w
     def check(ref: ChunkRef) -> str | None:
         try:
             chunks.verify(ref, deep=deep)
-        except StoreUnavailableError:
-            raise
+        except IntegrityError as exc:
+            return str(exc)
         except NotFoundError:
             return f"missing chunk {ref.key(chunks.prefix)}"
-        except TrainstoreError as exc:
-            return str(exc)
         return None
 
     def check_delta(piece) -> str | None:  # noqa: ANN001
         try:
             _read_piece(chunks, piece, np.empty(piece.size, dtype=np.uint8))
-        except StoreUnavailableError:
-            raise
-        except TrainstoreError as exc:
+        except IntegrityError as exc:
             return str(exc)
         return None
 
