@@ -4,6 +4,7 @@ type checkers read it as the package's interface."""
 from .export import export_safetensors as export_safetensors
 from .gc import GcOptions as GcOptions, GcReport as GcReport, collect_garbage as collect_garbage
 from .metrics import CheckpointMetrics as CheckpointMetrics
+from .redundancy import Redundancy as Redundancy, RedundancyPolicy as RedundancyPolicy
 from .registry import ModelVersion as ModelVersion, Registry as Registry
 from .retention import (
     KeepBest as KeepBest,

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint import manifest as mf
-from ..chunks import ChunkRef, ChunkStore
+from ..chunks import ChunkRef, ChunkStore, replica_key
 from ..errors import ConfigError, IntegrityError, ManifestError, NotFoundError, TrainstoreError
 from ..store.base import Store
 from .liveness import identity, writer_dead
@@ -216,6 +216,7 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
         # listing: its newest chunks look missing. Confirm with a HEAD before reporting.
         report.missing = sum(1 for key in refs - present.keys() if not store.exists(key))
         refs |= leased
+        refs |= {replica_key(k) for k in refs}  # a replica lives exactly as long as its primary
         cutoff = t0 - opts.grace  # type: ignore[operator]
         victims = []
         for key, (size, mtime) in present.items():
