@@ -86,6 +86,8 @@ class CheckpointManager:
         # observers(event, fields): "save_staged", "save_committed", "save_failed", "restore",
         # "verify" - for metrics (trainstore.lifecycle.metrics); their errors are only logged
         self.observers: list[Callable[[str, dict], None]] = list(observers)
+        if callable(getattr(self.policy, "observe", None)):  # e.g. ObjectivePolicy: learns save costs
+            self.observers.append(self.policy.observe)
         self.read_workers = read_workers
         self.last_restore: RestoreResult | None = None
         self._stager = Stager(pin_memory)

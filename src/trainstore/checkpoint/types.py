@@ -11,8 +11,7 @@ from ..chunks import RepairEvent
 from ..errors import ConfigError
 from . import manifest as mf
 from .manifest import Manifest
-
-ON_BUSY = ("wait", "skip")
+from .objectives import ON_BUSY, ObjectivePolicy, Objectives
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,15 @@ class CheckpointPolicy:
             raise ConfigError(f"incremental_every must be None or a non-negative int, got {self.incremental_every!r}")
         if self.on_busy not in ON_BUSY:
             raise ConfigError(f"on_busy must be one of {ON_BUSY}, got {self.on_busy!r}")
+
+    @staticmethod
+    def from_objectives(rpo: float | str, mtbf: float | str, rto: float | str | None = None,
+                        max_overhead: float | None = None, **kw: Any) -> ObjectivePolicy:
+        """A policy choosing its interval from an RPO, the MTBF and measured save costs
+        (``checkpoint.objectives``); ``kw``: further ``Objectives`` fields (and ``clock``)."""
+        clock = kw.pop("clock", None)
+        obj = Objectives(rpo=rpo, mtbf=mtbf, rto=rto, max_overhead=max_overhead, **kw)
+        return ObjectivePolicy(obj) if clock is None else ObjectivePolicy(obj, clock)
 
     def should_save(self, step: int) -> str | None:
         if step % self.full_every == 0:

@@ -149,6 +149,24 @@ class CheckpointMetrics:
             except TrainstoreError as exc:
                 log.warning("could not persist checkpoint stats of job %r: %s", job, exc)
 
+    # -- live gauges of a checkpoint policy and a background verifier ------------------------
+    def watch_policy(self, policy: Any, job: str) -> None:
+        """Gauges read from ``policy.stats()`` (an ``ObjectivePolicy``) at each scrape: the
+        chosen interval, the expected loss per failure and whether RPO/RTO are met."""
+        p = "trainstore_ckpt_policy_"
+        for name, key, doc in _POLICY_GAUGES:
+            gauge = Gauge(p + name, doc, ["job"], registry=self.registry)
+            gauge.labels(job).set_function(_reader(policy, key))
+
+    def watch_verifier(self, verifier: Any, job: str) -> None:
+        """Gauges read from ``verifier.stats()`` (a ``BackgroundVerifier``) at each scrape;
+        ``trainstore_ckpt_verify_alert`` is 1 while one of the newest checkpoints is not
+        verified ok (bad, or unverified for longer than a period)."""
+        p = "trainstore_ckpt_verify_"
+        for name, key, doc in _VERIFIER_GAUGES:
+            gauge = Gauge(p + name, doc, ["job"], registry=self.registry)
+            gauge.labels(job).set_function(_reader(verifier, key))
+
     # -- serving ---------------------------------------------------------------------------
     def serve(self, port: int = 0, addr: str = "127.0.0.1") -> int:
         """Start a ``/metrics`` HTTP endpoint (a daemon thread); returns the bound port."""
@@ -166,6 +184,42 @@ class CheckpointMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry).decode()
+
+
+_POLICY_GAUGES = (
+    ("interval_seconds", "interval_s", "Chosen wall time between checkpoints"),
+    ("interval_steps", "interval_steps", "Chosen steps between checkpoints (NaN until the step time is known)"),
+    ("expected_loss_seconds", "expected_loss_s", "Expected work lost per failure (ready latency + interval/2)"),
+    ("worst_loss_seconds", "worst_loss_s", "Worst-case work lost per failure (interval + ready latency)"),
+    ("save_cost_seconds", "save_cost_s", "Measured blocking time per save"),
+    ("waste_fraction", "waste", "Expected fraction of wall time lost to saves and failures"),
+    ("restore_point_age_seconds", "restore_point_age_s", "Age of the newest restore-ready checkpoint"),
+    ("rpo_met", "rpo_met", "1 if the planned worst-case loss is within the RPO"),
+    ("rto_met", "rto_met", "1 if the estimated restore meets the RTO (NaN: not measured)"),
+    ("hot_keep_last", "hot_keep_last", "Restore-ready checkpoints to keep in the hot tier for the RTO"),
+)
+_VERIFIER_GAUGES = (
+    ("alert", "alert", "1 while one of the newest checkpoints is not verified ok"),
+    ("unverified_recent", "unverified_recent", "Newest checkpoints not verified ok"),
+    ("bad_recent", "bad_recent", "Newest checkpoints verified bad"),
+    ("sweeps", "sweeps", "Verification sweeps finished"),
+    ("verified_bytes", "verified_bytes", "Bytes read by the background verifier"),
+    ("repairs", "repairs", "Bad chunk copies the background verifier repaired"),
+    ("last_sweep_age_seconds", "last_sweep_age_s", "Seconds since the last finished sweep"),
+)
+
+
+def _reader(source: Any, key: str) -> Any:
+    """A gauge callback: ``source.stats()[key]`` as a float (NaN when None or failing)."""
+    def read() -> float:
+        try:
+            v = source.stats().get(key)
+        except Exception as exc:  # noqa: BLE001 - a scrape never fails on a bad source
+            log.warning("metrics: could not read %s from %r: %s", key, source, exc)
+            return float("nan")
+        return float("nan") if v is None else float(v)
+
+    return read
 
 
 def load_stats(store: Store, job: str) -> dict[str, Any]:
