@@ -18,8 +18,10 @@ from trainstore.checkpoint.writer import WriteOptions
 from trainstore.errors import ConfigError, ManifestError
 from trainstore.lifecycle.gc import LEASES, GcOptions, collect_garbage, sweep_markers
 from trainstore.lifecycle.retention import RetentionPolicy, delete_checkpoint, retention_hook
+from trainstore.store.local import LocalStore
 
 from .helpers import NOW, make_ckpt
+from .manifest_refs import needed_by_store, needed_chunks, raw_manifest
 
 NOGRACE = GcOptions(grace=0)
 SMALL = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2, nice=0)
@@ -40,8 +42,10 @@ def test_deletes_only_unreferenced_and_reports_bytes(store):
     for s in (1, 2, 3):
         make_ckpt(store, "j", s, created=NOW)
     make_ckpt(store, "k", 1, created=NOW, seed=2)  # another job sharing step 2's chunk
-    m1 = mf.load_manifest(store, "j", 1)
-    gone = mf.manifest_chunk_keys(m1)
+    gone = needed_chunks(raw_manifest(store.root, "j", 1))  # read from the JSON, not with gc's own function
+    shared = needed_chunks(raw_manifest(store.root, "k", 1))
+    assert shared == needed_chunks(raw_manifest(store.root, "j", 2)) and not gone & shared
+    gone_bytes = sum(os.path.getsize(os.path.join(store.root, k)) for k in gone)
     delete_checkpoint(store, "j", 1)
     delete_checkpoint(store, "j", 2)  # its chunk is still referenced by job k
     before = chunk_keys(store)
@@ -50,9 +54,9 @@ def test_deletes_only_unreferenced_and_reports_bytes(store):
     assert not list(store.list("gc/"))  # a dry run writes nothing
     rep = collect_garbage(store, NOGRACE)
     assert set(rep.deleted_keys) == gone and rep.deleted == 1
-    assert rep.bytes_reclaimed == sum(r.stored for r in mf.manifest_refs(m1)) > 0
+    assert rep.bytes_reclaimed == gone_bytes > 0
     assert rep.manifests == 2 and rep.jobs == 2 and rep.missing == 0
-    assert chunk_keys(store) == before - gone
+    assert chunk_keys(store) == before - gone and shared <= chunk_keys(store)
     markers = list(sweep_markers(store))
     assert [m["state"] for m in markers] == ["done"]
 
@@ -172,8 +176,10 @@ def _stress(tmp_path, threads: int, procs: int, saves: int, seconds_cap: float) 
             assert recs and all(r.ok for r in recs), [r.errors for r in recs if not r.ok]
             state = mgr.restore()
             assert np.array_equal(state["a"], job_pool(job)[(saves - 1) % 5])
+    assert needed_by_store(root) <= chunk_keys(store)  # every chunk a surviving manifest names is there
     final = collect_garbage(store, NOGRACE)
     assert final.missing == 0
+    assert chunk_keys(store) == needed_by_store(root)  # and gc left exactly those
 
 
 @pytest.mark.timeout(240)
@@ -283,6 +289,55 @@ def test_a_save_that_waited_past_the_renewal_age_commits_under_a_fresh_lease(sto
         assert time.time() - lease["created"] < 0.5, lease  # and commits under a fresh lease
         mf.commit_manifest(store, m2)
     assert not list(store.list(LEASES))
+
+
+class _PausingStore(LocalStore):
+    """A real local store that holds a sweep at the start of its second reference listing
+    (leases / manifests, whichever comes second), so a test can act between the two."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.listings = 0
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def list(self, prefix: str = ""):
+        if prefix in (LEASES, "jobs/"):
+            self.listings += 1
+            if self.listings == 2:
+                self.paused.set()
+                assert self.resume.wait(60)
+        return super().list(prefix)
+
+
+def test_a_save_committing_between_the_sweeps_two_reference_listings_keeps_its_chunks(tmp_path):
+    """The interleaving behind the race run's one "referenced chunks absent" (docs/reliability.md):
+    a save writes its lease and finds no sweep, a sweep starts and takes its first reference
+    listing, the save commits and drops its lease, then the sweep takes the second listing.
+    Listing manifests first (gc before 8e08728) saw neither the manifest nor the lease and
+    deleted the reused chunk of a committed checkpoint; leases first sees one of them."""
+    from trainstore.chunks import ChunkStore
+    from trainstore.lifecycle.gc import commit_lease
+
+    root = str(tmp_path / "s")
+    store = open_store(root)
+    m = make_ckpt(store, "j", 1, created=NOW)
+    (key,) = chunk_keys(store)
+    delete_checkpoint(store, "j", 1)  # its chunk is garbage now ...
+    m2 = mf.Manifest(**{**m.__dict__, "step": 2})  # ... and step 2 reuses it (a dedup hit)
+    paused = _PausingStore(root)
+    reports: list = []
+    sweep = threading.Thread(target=lambda: reports.append(collect_garbage(paused, NOGRACE)))
+    with commit_lease(store, ChunkStore(store), m2, None, time.time()):  # lease written, no sweep seen
+        sweep.start()
+        assert paused.paused.wait(60)  # the sweep is between its two listings
+        mf.commit_manifest(store, m2)
+    assert not list(store.list(LEASES))  # the save dropped its lease
+    paused.resume.set()
+    sweep.join(60)
+    assert reports and reports[0].deleted == 0 and reports[0].deleted_keys == []
+    assert chunk_keys(store) == {key}
+    with CheckpointManager(root, "j", options=SMALL) as mgr:
+        assert [r.ok for r in mgr.verify(2, deep=True)] == [True]
 
 
 def test_heartbeat_lapse_stops_deletion(store):

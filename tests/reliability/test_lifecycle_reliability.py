@@ -4,6 +4,7 @@ short by SIGKILL leaves a consistent registry."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -15,8 +16,7 @@ import numpy as np
 import pytest
 
 from trainstore import open_store
-from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, manifest as mf
 from trainstore.lifecycle.gc import GcOptions, collect_garbage
 from trainstore.lifecycle.registry import Registry
 from trainstore.lifecycle.retention import RetentionPolicy, apply_retention
@@ -33,7 +33,9 @@ def _race(url: str, saves: int, seed: int, store_options: dict | None = None) ->
     opts = store_options or {}
     stop = threading.Event()
     errors: list[BaseException] = []
-    counts = {"sweeps": 0, "chunks_deleted": 0, "retention_runs": 0, "alias_moves": 0}
+    counts = {"sweeps": 0, "chunks_deleted": 0, "sweeps_reporting_missing": 0, "retention_runs": 0,
+              "alias_moves": 0}
+    started = time.monotonic()
     rng = random.Random(seed)
 
     def guard(fn):
@@ -52,6 +54,7 @@ def _race(url: str, saves: int, seed: int, store_options: dict | None = None) ->
         counts["sweeps"] += 1
         counts["chunks_deleted"] += report.deleted
         if report.missing:  # a committed checkpoint referencing an absent chunk? check directly
+            counts["sweeps_reporting_missing"] += 1
             store = open_store(url, **opts)
             for step in mf.list_steps(store, JOB):
                 try:
@@ -111,7 +114,8 @@ def _race(url: str, saves: int, seed: int, store_options: dict | None = None) ->
     for name, version in reg.aliases("racer").items():
         mv = reg.version("racer", version)
         assert mf.list_steps(store, JOB).count(mv.step) == 1, (name, mv)  # registered steps are kept
-    return {"saves": saves, "surviving_checkpoints": len(steps), **counts, "lost_objects": 0}
+    return {"saves": saves, "surviving_checkpoints": len(steps), **counts, "lost_objects": 0,
+            "seconds": round(time.monotonic() - started, 1)}
 
 
 @pytest.mark.timeout(300)
@@ -121,14 +125,18 @@ def test_gc_retention_aliases_racing_saves(tmp_path):
     record("lifecycle_race", **figures)
 
 
+#: TRAINSTORE_GC_RACE_SCALE=10 runs the long race 10x longer (docs/reliability.md, "GC race, 10x")
+GC_RACE_SCALE = int(os.environ.get("TRAINSTORE_GC_RACE_SCALE", "1"))
+
+
 @pytest.mark.stress
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1500 * GC_RACE_SCALE)
 def test_gc_retention_aliases_racing_saves_stress(tmp_path, s3_url):
-    figures = _race(str(tmp_path / "store"), saves=60, seed=2)
-    record("lifecycle_race_local_stress", **figures)
+    figures = _race(str(tmp_path / "store"), saves=60 * GC_RACE_SCALE, seed=2)
+    record("lifecycle_race_local_stress", scale=GC_RACE_SCALE, **figures)
     url, opts = s3_url
-    figures = _race(url, saves=20, seed=3, store_options=opts)
-    record("lifecycle_race_s3_stress", **figures)
+    figures = _race(url, saves=20 * GC_RACE_SCALE, seed=3, store_options=opts)
+    record("lifecycle_race_s3_stress", scale=GC_RACE_SCALE, **figures)
 
 
 def _registry_trials(tmp_path, trials: int, seed: int) -> dict:
