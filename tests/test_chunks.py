@@ -203,11 +203,15 @@ def test_truncation_is_detected(codec):
 def test_reference_with_wrong_sizes(codec):
     chunks = memory_chunks()
     ref = chunks.put(weights(4096, "float32"), codec=codec, itemsize=4).ref
-    for wrong in (ChunkRef(ref.hash, codec, ref.size, ref.stored + 1, 4),
-                  ChunkRef(ref.hash, codec, ref.size + 4, ref.stored + (4 if codec == "raw" else 0), 4)):
-        with pytest.raises(ChunkCorruptError) as info:
-            chunks.get(wrong)
-        assert ref.key() in str(info.value)
+    wrong = ChunkRef(ref.hash, codec, ref.size + 4, ref.stored + (4 if codec == "raw" else 0), 4)
+    with pytest.raises(ChunkCorruptError) as info:
+        chunks.get(wrong)
+    assert ref.key() in str(info.value)
+    # the stored size is the writer's copy only: another writer's copy of the name (another
+    # codec level) may differ, so a copy is checked by its container and hash, not by it
+    if codec != "raw":
+        other = ChunkRef(ref.hash, codec, ref.size, ref.stored + 1, 4)
+        assert bytes(chunks.get(other)) == bytes(chunks.get(ref))
 
 
 def test_swapped_object_is_detected():

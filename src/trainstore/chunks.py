@@ -41,7 +41,15 @@ from typing import Any
 import blake3
 
 from .codecs import CODECS, MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
-from .errors import ChunkCorruptError, ConfigError, ManifestError, NotFoundError, StoreError
+from .errors import (
+    AlreadyExistsError,
+    ChunkCorruptError,
+    ConfigError,
+    ConflictError,
+    ManifestError,
+    NotFoundError,
+    StoreError,
+)
 from .store.base import Buffer, Store
 
 log = logging.getLogger("trainstore.chunks")
@@ -73,6 +81,14 @@ class ChunkRef:
 
     def key(self, prefix: str = "chunks") -> str:
         return f"{prefix}/{self.hash[:2]}/{self.hash}.{self.codec}"
+
+    @property
+    def max_stored(self) -> int:
+        """The most bytes any copy of this chunk may take (raw size plus the worst codec
+        overhead). ``stored`` is only what the writer's copy took: another writer's copy of
+        the same name (another codec level or element size) may differ, so copies are
+        checked against this bound, their container headers and the hash, never ``stored``."""
+        return self.size if self.codec == "raw" else self.size + (self.size >> 6) + 4096
 
     def to_json(self) -> list:
         """Compact form for manifests: [hash, codec, size, stored, itemsize]."""
@@ -140,6 +156,13 @@ class ChunkStore:
             digest: str | None = None, cpu: AbstractContextManager[Any] | None = None) -> PutResult:
         """Store ``data`` unless identical content (same codec) is already there.
 
+        The write is conditional (``put_if_absent``): of several writers of one name (other
+        processes, jobs with other codec levels or element sizes) the first wins and the
+        others reference its copy, recording its stored size. Existence is asked of the
+        store's ``write_view()`` (a tiered store: hot and durable, not the archive), so a
+        chunk found only in an archive is written again and the new checkpoint can become
+        durable without it.
+
         ``cpu``: held while encoding only (not during the dedup check or the write), so a
         caller can bound how many cores its puts use while their I/O still overlaps.
         """
@@ -154,19 +177,28 @@ class ChunkStore:
             return PutResult(ChunkRef(h, codec, view.nbytes, stored, itemsize), False)
         with cpu or contextlib.nullcontext():
             encoded = encode(view, codec, itemsize, level=self.codec.level, threads=self.codec.threads)
-        stored = memoryview(encoded).nbytes
-        self.store.put(key, encoded)
-        with self._known_lock:
-            self._known[key] = stored
-        return PutResult(ChunkRef(h, codec, view.nbytes, stored, itemsize), True)
+        for _attempt in range(3):  # a copy that won and then vanished (gc) is written again
+            try:
+                self.store.write_view().put_if_absent(key, encoded)
+            except AlreadyExistsError:  # another writer won: reference its copy
+                stored = self._stored_size(key, fresh=True)
+                if stored is None:
+                    continue
+                return PutResult(ChunkRef(h, codec, view.nbytes, stored, itemsize), False)
+            stored = memoryview(encoded).nbytes
+            with self._known_lock:
+                self._known[key] = stored
+            return PutResult(ChunkRef(h, codec, view.nbytes, stored, itemsize), True)
+        raise ConflictError(f"chunk {key} in {self.store.url} kept vanishing right after another writer created it")
 
-    def _stored_size(self, key: str) -> int | None:
-        """Stored size of ``key`` if it exists (one HEAD at most per key and process)."""
+    def _stored_size(self, key: str, fresh: bool = False) -> int | None:
+        """Stored size of ``key`` in the write view if it exists (one HEAD at most per key
+        and process, unless ``fresh``)."""
         with self._known_lock:
-            if key in self._known:
+            if key in self._known and not fresh:
                 return self._known[key]
         try:
-            size = self.store.head(key).size
+            size = self.store.write_view().head(key).size
         except NotFoundError:
             return None
         with self._known_lock:
@@ -191,8 +223,8 @@ class ChunkStore:
         its length and hash; raises ``ChunkCorruptError`` naming ``key``."""
         key = key or ref.key(self.prefix)
         n = memoryview(stored).nbytes
-        if n != ref.stored:
-            raise ChunkCorruptError(f"chunk {key}: {n} bytes stored, reference says {ref.stored}")
+        if n > ref.max_stored:
+            raise ChunkCorruptError(f"chunk {key}: {n} bytes stored, more than a {ref.size}-byte chunk can take")
         raw = decode(stored, ref.codec, ref.size, key=key, out=out, threads=self.codec.threads)
         if content_hash(raw) != ref.hash:
             raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
@@ -304,9 +336,10 @@ class ChunkStore:
         are repaired from a good one."""
         key = ref.key(self.prefix)
         if not deep:
-            size = self.store.head(key).size
-            if size != ref.stored:
-                raise ChunkCorruptError(f"chunk {key}: {size} bytes stored, reference says {ref.stored}")
+            if self.store.head(key).size != ref.stored:
+                # another writer's copy of the name may differ in size (``ChunkRef.max_stored``):
+                # read it to tell a valid copy from a damaged one
+                self.check(ref, self.store.get(key), key=key)
             return
         good, bad, failed = self._scan(ref, None, every=True)
         if good is None:

@@ -97,6 +97,7 @@ class CheckpointManager:
         self._inflight: tuple[int, Future] | None = None
         self._error: BaseException | None = None
         self._error_step: int | None = None
+        self._followups: list[tuple[int, Future]] = []  # (step, work a hook started): durable copies
         self._base: Manifest | None = None  # last full checkpoint committed by this manager
         self._base_views: dict[str, memoryview] | None = None
         self._base_arena: Arena | None = None
@@ -138,16 +139,13 @@ class CheckpointManager:
                 log.warning(msg)
                 return SaveHandle(step, kind, None, skipped=True)
             self._wait_inflight()
-        if self.store.exists(mf.manifest_key(self.job, step)):
-            raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {self.store.url}")
+        fast = self.store.tiers()[0]  # remote tiers are asked in the background (_write)
+        if fast.capabilities.local and fast.exists(mf.manifest_key(self.job, step)):
+            raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {fast.url}")
         metadata = {"config": _jsonable(config or {}, "config"), "metrics": _jsonable(metrics or {}, "metrics"),
                     "created": time.time(), "code_version": self._code_version,
                     "extra": _jsonable(extra or {}, "extra")}
         skeleton, leaves = flatten(state)
-        base = self._base_for(kind, step)
-        if kind == "incremental" and base is None:
-            log.info("step %d: no full checkpoint to diff against, saving a full checkpoint", step)
-            kind = "full"
         _offsets, total = plan(leaves)
         arena = self._stager.acquire(total)
         try:
@@ -157,7 +155,7 @@ class CheckpointManager:
             raise
         del leaves  # the live tensors may change from here on
         blocked = time.perf_counter() - t0
-        fut = self._executor.submit(self._write, step, kind, skeleton, staged, arena, base, metadata)
+        fut = self._executor.submit(self._write, step, kind, skeleton, staged, arena, metadata)
         with self._lock:
             self._inflight = (step, fut)
         handle = SaveHandle(step, kind, fut, blocked_s=blocked)
@@ -167,16 +165,20 @@ class CheckpointManager:
         return handle
 
     def _base_for(self, kind: str, step: int) -> Manifest | None:
+        """The full checkpoint an incremental ``step`` diffs against (background thread: it
+        may ask remote tiers). Only a base in the store's write view counts (not one only in
+        an archive), so the incremental never needs the archive to become durable."""
         if kind != "incremental":
             return None
-        if self._base is not None and self._base.step < step and self.store.exists(self._base.key):
+        live = self.store.write_view()
+        if self._base is not None and self._base.step < step and live.exists(self._base.key):
             return self._base
         # a fresh process (or the base was deleted): the newest full checkpoint before step
-        for s in reversed(mf.list_steps(self.store, self.job)):
+        for s in reversed(mf.list_steps(live, self.job)):
             if s >= step:
                 continue
             try:
-                m = mf.load_manifest(self.store, self.job, s)
+                m = mf.load_manifest(live, self.job, s)
             except TrainstoreError:
                 continue
             if m.kind == "full":
@@ -191,10 +193,16 @@ class CheckpointManager:
             self._stager.release(old)
 
     def _write(self, step: int, kind: str, skeleton: Any, staged: list[StagedTensor], arena: Arena,
-               base: Manifest | None, metadata: dict) -> CheckpointInfo:
+               metadata: dict) -> CheckpointInfo:
         keep_arena = False
         started = time.time()
         try:
+            if self.store.exists(mf.manifest_key(self.job, step)):
+                raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {self.store.url}")
+            base = self._base_for(kind, step)
+            if kind == "incremental" and base is None:
+                log.info("step %d: no full checkpoint to diff against, saving a full checkpoint", step)
+                kind = "full"
             lookup = self._lookup(base) if base is not None else None
             entries, stats = write_tensors(self.chunks, staged, self.options, lookup)
             m = Manifest(job=self.job, step=step, kind=kind, tensors=entries, skeleton=skeleton,
@@ -217,7 +225,7 @@ class CheckpointManager:
                     keep_arena = True
                 else:
                     self._set_base(m, None, None)
-            info = CheckpointInfo.from_manifest(m)
+            info = CheckpointInfo.from_manifest(m, durable=len(self.store.tiers()) == 1)  # tiered: copy pending
         except BaseException as exc:
             with self._lock:
                 if self._error is None:
@@ -230,7 +238,10 @@ class CheckpointManager:
                 self._stager.release(arena)
         for hook in self.hooks:
             try:
-                hook(info, self)
+                started_work = hook(info, self)
+                if isinstance(started_work, Future):  # e.g. the durable copy: reported like a save
+                    with self._lock:
+                        self._followups.append((step, started_work))
             except Exception as exc:  # committed already; report, do not undo
                 with self._lock:
                     if self._error is None:
@@ -280,16 +291,40 @@ class CheckpointManager:
         self._raise_background()
 
     def _raise_background(self) -> None:
+        """Raise the first failure of a background save, else of work a hook started after a
+        commit (a durable copy); each failure is raised once."""
         with self._lock:
             exc, step = self._error, self._error_step
             self._error = self._error_step = None
+            failed = None
+            if exc is None:
+                done = [(s, f) for s, f in self._followups if f.done()]
+                failed = next(((s, f) for s, f in done if f.exception() is not None), None)
+                drop = {id(f) for s, f in done if f.exception() is None} | ({id(failed[1])} if failed else set())
+                self._followups = [(s, f) for s, f in self._followups if id(f) not in drop]
         if exc is not None:
             raise BackgroundError(f"background checkpoint save of step {step} (job {self.job!r}) failed: "
                                   f"{type(exc).__name__}: {exc}") from exc
+        if failed is not None:
+            cause = failed[1].exception()
+            raise BackgroundError(f"after checkpoint step {failed[0]} of job {self.job!r} was committed: "
+                                  f"{cause}") from cause
+
+    def _wait_followups(self) -> None:
+        with self._lock:
+            pending = [f for _s, f in self._followups]
+        for f in pending:
+            try:
+                f.result()
+            except BaseException:  # noqa: BLE001 - raised by _raise_background
+                pass
 
     def wait(self) -> None:
-        """Block until every in-flight save is durable; raise a background error if one failed."""
+        """Block until every in-flight save is committed and the work its hooks started (a
+        tiered store's durable copy) is done; raise a background error if one failed."""
         self._wait_inflight()
+        self._wait_followups()
+        self._raise_background()
 
     def pending(self) -> int | None:
         """The step being saved in the background, or None."""
@@ -303,6 +338,8 @@ class CheckpointManager:
             return
         try:
             self._wait_inflight()
+            self._wait_followups()
+            self._raise_background()
         finally:
             self._closed = True
             self._executor.shutdown(wait=True)
@@ -335,9 +372,13 @@ class CheckpointManager:
         return mf.load_manifest(self.store, self.job, step)
 
     def list(self) -> list[CheckpointInfo]:
-        """Every committed checkpoint, oldest first (unreadable manifests as status 'unreadable')."""
+        """Every committed checkpoint, oldest first (unreadable manifests as status 'unreadable').
+        On a tiered store, ``durable`` says whether a tier past the hot one holds it."""
         out = []
+        tiers = self.store.tiers()
+        beyond_hot = {s for t in tiers[1:] for s in mf.list_steps(t, self.job)}
         for step in self.steps():
+            durable = len(tiers) == 1 or step in beyond_hot
             try:
                 m = self.manifest(step)
             except NotFoundError:
@@ -345,9 +386,10 @@ class CheckpointManager:
             except TrainstoreError as exc:
                 if isinstance(exc, StoreUnavailableError):
                     raise
-                out.append(CheckpointInfo(step, "?", None, 0.0, {}, {}, 0, 0, 0, 0, "unreadable", None, (str(exc),)))
+                out.append(CheckpointInfo(step, "?", None, 0.0, {}, {}, 0, 0, 0, 0, "unreadable", None, (str(exc),),
+                                          durable=durable))
                 continue
-            out.append(CheckpointInfo.from_manifest(m, mf.load_verify_record(self.store, self.job, step)))
+            out.append(CheckpointInfo.from_manifest(m, mf.load_verify_record(self.store, self.job, step), durable))
         return out
 
     def verify(self, step: int | None = None, deep: bool = True) -> list[mf.VerifyRecord]:

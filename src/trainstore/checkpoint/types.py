@@ -58,7 +58,11 @@ class CheckpointPolicy:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """One committed checkpoint as ``list()`` reports it."""
+    """One committed checkpoint as ``list()`` reports it.
+
+    ``durable``: held by a tier that survives the loss of the hot one (a tiered store's
+    durable or archive tier); always True on a single store, where committed is durable.
+    """
 
     step: int
     kind: str
@@ -74,14 +78,15 @@ class CheckpointInfo:
     verified_at: float | None = None
     errors: tuple[str, ...] = ()
     code_version: str | None = None
+    durable: bool = True
 
     @classmethod
-    def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None) -> CheckpointInfo:
+    def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None, durable: bool = True) -> CheckpointInfo:
         status = "unverified" if rec is None else ("ok" if rec.ok else "bad")
         return cls(m.step, m.kind, m.base_step, m.created, m.metrics, m.config, m.logical_bytes,
                    m.stored_bytes, m.written_bytes, len(m.tensors), status,
                    rec.checked_at if rec else None, rec.errors if rec else (),
-                   m.metadata.get("code_version"))
+                   m.metadata.get("code_version"), durable)
 
 
 @dataclass

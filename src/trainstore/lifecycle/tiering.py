@@ -36,7 +36,14 @@ from typing import Any
 
 from ..checkpoint import manifest as mf
 from ..chunks import ChunkStore, RepairEvent
-from ..errors import AlreadyExistsError, ConfigError, ConflictError, NotFoundError, TrainstoreError
+from ..errors import (
+    AlreadyExistsError,
+    BackgroundError,
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    TrainstoreError,
+)
 from ..store import open_store
 from ..store.base import Buffer, ObjectMeta, Store, StoreCapabilities
 from .gc import LEASES, GcOptions, collect_garbage
@@ -53,6 +60,13 @@ class TieredStore(Store):
         self.hot, self.durable, self.archive = hot, durable, archive
         self._tiers = tuple(s for s in (hot, durable, archive) if s is not None)
         self.url = f"tiered({hot.url} -> {durable.url}" + (f" -> {archive.url})" if archive else ")")
+        self._write_view: Store = self if archive is None else TieredStore(hot, durable)
+
+    def write_view(self) -> Store:
+        """Hot and durable, without the archive: a chunk only in the archive is written again
+        by a new save (the durable copy never depends on the archive, which may be cold,
+        slow, or collected independently)."""
+        return self._write_view
 
     def tiers(self) -> tuple[Store, ...]:
         """hot, durable[, archive]: readers verify and repair copies tier by tier (``ChunkStore``)."""
@@ -220,29 +234,41 @@ class Tiering:
         hooks = [self.hook, *kw.pop("hooks", ())]
         return CheckpointManager(self.store, job, hooks=hooks, **kw)
 
-    def hook(self, info: Any, manager: Any) -> None:
-        """Post-commit hook: record restore-ready, queue the durable copy."""
+    def hook(self, info: Any, manager: Any) -> Future:
+        """Post-commit hook: record restore-ready, queue the durable copy. Returns its future:
+        the manager reports a failed copy at its next ``save``/``wait``/``close`` and waits
+        for the copy in ``wait``/``close`` (its checkpoints are durable when they return)."""
         ready = time.time()
         fut = self._pool.submit(self._copy_and_evict, manager.job, info.step, info.created, ready)
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()] + [fut]
+        return fut
 
     def _copy_and_evict(self, job: str, step: int, created: float, ready: float) -> None:
         try:
-            try:
-                self.make_durable(job, step, created=created, restore_ready_at=ready)
-            except NotFoundError:
-                if self.hot.exists(mf.manifest_key(job, step)):
-                    raise
+            self.make_durable(job, step, created=created, restore_ready_at=ready)
+        except NotFoundError as exc:
+            if not self.hot.exists(mf.manifest_key(job, step)):
                 log.info("tiering: step %d of job %r was deleted (retention) before its durable copy", step, job)
                 return
-            if self.policy.evict_after_copy:
-                self.evict(job)
+            self._failed(BackgroundError(f"durable copy of step {step} of job {job!r} to the durable tier "
+                                         f"({self.durable.url}) failed: {type(exc).__name__}: {exc}"), exc)
         except BaseException as exc:
-            log.error("tiering: durable copy of step %d of job %r failed: %s", step, job, exc)
-            with self._lock:
-                self._errors.append(exc)
-            raise
+            self._failed(BackgroundError(f"durable copy of step {step} of job {job!r} to the durable tier "
+                                         f"({self.durable.url}) failed: {type(exc).__name__}: {exc}"), exc)
+        if not self.policy.evict_after_copy:
+            return
+        try:
+            self.evict(job)
+        except BaseException as exc:  # step is durable; the hot tier keeps more than the rule says
+            self._failed(BackgroundError(f"eviction from the hot tier ({self.hot.url}) after the durable copy of "
+                                         f"step {step} of job {job!r} failed: {type(exc).__name__}: {exc}"), exc)
+
+    def _failed(self, error: BackgroundError, cause: BaseException) -> None:
+        log.error("tiering: %s", error)
+        with self._lock:
+            self._errors.append(error)
+        raise error from cause
 
     def make_durable(self, job: str, step: int, *, created: float | None = None,
                      restore_ready_at: float | None = None) -> TierStatus:

@@ -155,6 +155,13 @@ class Store(abc.ABC):
         is its own single tier."""
         return (self,)
 
+    def write_view(self) -> Store:
+        """The store as a writer of new content-addressed objects sees it: the tiers a write
+        lands in or is copied to. An object there makes writing it again redundant; an object
+        elsewhere (a tiered store's archive) does not, so a new checkpoint never depends on
+        the archive to become durable. A plain store is its own write view."""
+        return self
+
     def close(self) -> None:
         """Release resources (connections, thread pools). The store is unusable after."""
 

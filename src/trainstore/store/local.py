@@ -25,7 +25,7 @@ from ..errors import (
     NotFoundError,
     StoreError,
 )
-from .base import Buffer, ObjectMeta, Store, validate_key, validate_prefix
+from .base import Buffer, ObjectMeta, Store, StoreCapabilities, validate_key, validate_prefix
 
 TEMP_PREFIX = ".tmp."
 
@@ -77,6 +77,10 @@ class LocalStore(Store):
             raise io_error(exc, f"creating store directory {self.root}") from exc
         self._known_dirs: set[str] = {self.root}
         self._dirs_lock = threading.Lock()
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return StoreCapabilities(local=True, fsync=self.fsync)
 
     # -- helpers ---------------------------------------------------------------------------
     def _path(self, key: str) -> str:
