@@ -18,7 +18,11 @@ markers; a sweep that is still running, or that finished after this process last
 its chunk knowledge, may have deleted a chunk the save reuses (a dedup hit, a base chunk, a
 key the ChunkStore remembered) - so (c) wait until running sweeps are done (or past their
 deadline, which a crashed sweep stops renewing), forget cached chunk knowledge, HEAD every chunk of the manifest and write back
-any that is missing (from the staged bytes); (d) commit the manifest; (e) drop the lease.
+any that is missing (from the staged bytes); if the lease has grown older than
+``LEASE_RENEW_S`` meanwhile, write it again and repeat (b)-(c) (sweeps honour a lease for
+``GcOptions.lease_ttl`` >= ``MIN_LEASE_TTL_S`` after its creation); (d) commit the manifest;
+(e) drop the lease. Whether a running sweep's process is provably dead (so not worth waiting
+for) is ``liveness.writer_state``'s call: only on the same host, boot and PID namespace.
 
 Why it is safe: a sweep whose listing (3) happens after the lease (a) is visible protects
 the save's chunks. A sweep whose listing came earlier wrote its marker (1) before that,
@@ -519,5 +523,5 @@ def _rewrite(chunks: ChunkStore, piece: mf.ChunkEntry, raw: memoryview, here: tu
     _put_exact(chunks, missing, memoryview(np.bitwise_xor(a, other_raw)))
 
 
-__all__ = ["GcOptions", "GcReport", "collect_garbage", "commit_lease", "referenced_chunks", "sweep_markers",
-           "SWEEPS", "LEASES"]
+__all__ = ["GcOptions", "GcReport", "collect_garbage", "commit_lease", "lease_expiry", "live_leases",
+           "referenced_chunks", "sweep_markers", "LEASES", "LEASE_RENEW_S", "MIN_LEASE_TTL_S", "SWEEPS"]
