@@ -1,19 +1,24 @@
 """``trainstore ckpt ls|show|verify``: inspect and verify checkpoints from the shell.
 
 Each command opens the store read-mostly (``verify`` writes its ``verify.json`` records) and
-prints a table, or JSON with ``--json``. Lifecycle commands (retention, gc, registry) are
+prints a table, or JSON with ``--json``. ``verify --watch`` runs the background verifier
+(``lifecycle.verifier``) in the foreground as a sidecar: a sweep per ``--period``, reads at
+most ``--rate`` bytes/s, one JSON line per sweep with ``--json``, exit 1 on an alert. Lifecycle commands (retention, gc, registry) are
 added here by ``register`` of later modules; keep each command a small function.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+import sys
 
 import typer
 from rich.table import Table
 
 from ..checkpoint import manifest as mf
-from ..errors import NotFoundError
+from ..errors import ConfigError, NotFoundError
 from ..store import open_store
 from .common import console, emit_json, handle_errors, store_options
 
@@ -99,10 +104,18 @@ def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None
 @handle_errors
 def verify(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None = typer.Option(None, "--step", "-s",
            help="default: every checkpoint"), shallow: bool = typer.Option(False, "--shallow",
-           help="only check that chunks exist with the right size"), json_out: bool = JsonOpt,
-           endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
+           help="only check that chunks exist with the right size"),
+           watch: bool = typer.Option(False, "--watch", help="keep verifying every --period (a sidecar), "
+                                      "reading at most --rate; Ctrl-C stops"),
+           period: str = typer.Option("10m", "--period", help="--watch: time between sweeps ('90s', '10m')"),
+           rate: str = typer.Option("50MB", "--rate", help="--watch: read budget per second ('50MB', '1GiB')"),
+           sweeps: int = typer.Option(0, "--sweeps", help="--watch: stop after this many sweeps (0: never)"),
+           json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
            allow_http: bool | None = HttpOpt) -> None:
     """Re-hash and test-decode every chunk; exit status 1 if any checkpoint is bad."""
+    if watch:
+        _watch(url, job, period, rate, sweeps, shallow, json_out, store_options(endpoint, region, allow_http))
+        return
     with _manager(url, job, endpoint, region, allow_http) as mgr:
         records = mgr.verify(step=step, deep=not shallow)
     if json_out:
@@ -113,6 +126,57 @@ def verify(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | No
             console.print(f"step {r.step}: {mark} ({r.chunks_checked} chunks{', deep' if r.deep else ''})"
                           + ("" if r.ok else "\n  " + "\n  ".join(r.errors[:10])), highlight=False)
     if not all(r.ok for r in records):
+        raise typer.Exit(1)
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]i?)?b?(?:/s)?\s*$", re.IGNORECASE)
+_RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
+
+
+def parse_rate(value: str) -> float:
+    """Bytes per second from ``"50MB"``, ``"1GiB/s"``, ``"2e6"``."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    m = _RATE.match(value)
+    if m is None:
+        raise ConfigError(f"--rate must be bytes per second like '50MB' or '1GiB', got {value!r}")
+    return float(m.group(1)) * _RATE_UNITS[(m.group(2) or "").lower()]
+
+
+def _watch(url: str, job: str, period: str, rate: str, sweeps: int, shallow: bool, json_out: bool,
+           opts: dict) -> None:
+    """``verify --watch``: a ``BackgroundVerifier`` in the foreground; exit 1 on an alert."""
+    from ..lifecycle.verifier import BackgroundVerifier, VerifierOptions
+
+    options = VerifierOptions(period=period, rate_bytes_s=parse_rate(rate), deep=not shallow)
+    store = open_store(url, **opts)
+
+    def show(event: str, f: dict) -> None:
+        if event == "verify" and not json_out:
+            mark = "[green]ok[/green]" if f["ok"] else "[red]BAD[/red]"
+            fixed = f", {f['repaired']} copies repaired" if f.get("repaired") else ""
+            console.print(f"step {f['step']}: {mark}{fixed}", highlight=False)
+
+    def summary(st: dict) -> None:
+        if json_out:
+            sys.stdout.write(json.dumps({k: st[k] for k in ("sweeps", "verified", "bad", "errors", "repairs",
+                                                            "verified_bytes", "alert", "newest")}) + "\n")
+            sys.stdout.flush()
+        else:
+            console.print(f"sweep {st['sweeps']} done in {st['last_sweep_s']:.1f}s: "
+                          + ", ".join(f"{s} {status}" for s, status in st["newest"])
+                          + (" [red]ALERT[/red]" if st["alert"] else ""), highlight=False)
+
+    verifier = BackgroundVerifier(store, job, options, observers=[show])
+    try:
+        verifier.run(max_sweeps=sweeps or None, on_sweep=summary)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        store.close()
+    if verifier.stats()["alert"]:
         raise typer.Exit(1)
 
 
