@@ -203,3 +203,111 @@ def test_save_makes_no_durable_call_on_the_callers_thread(tmp_path):
     assert first < stall / 4 and second < stall / 4, (first, second)
     with Tiering(str(tmp_path / "hot"), str(tmp_path / "durable")).manager("run") as mgr:
         assert np.array_equal(mgr.restore(2)["w"], state(2, 4096)["w"])
+
+
+# -- SIGKILL during tier copies, then the hot tier is lost ----------------------------------
+STATE_SRC = """
+import numpy as np
+def tier_state(step):
+    base = np.random.default_rng(0).standard_normal(65536).astype(np.float32)
+    rng = np.random.default_rng(step)
+    lo = int(rng.integers(0, 60000))
+    base[lo:lo + 4096] = rng.standard_normal(4096).astype(np.float32)
+    return {"w": base, "b": rng.standard_normal(16384).astype(np.float32), "step": step}
+"""
+
+TIER_CHILD = STATE_SRC + """
+import sys
+from trainstore import CheckpointPolicy
+from trainstore.checkpoint.writer import WriteOptions
+from trainstore.lifecycle.tiering import Tiering, TierPolicy
+
+hot, durable, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tiers = Tiering(hot, durable, policy=TierPolicy(hot_keep_last=2, hot_gc_grace=0))
+mgr = tiers.manager("run", policy=CheckpointPolicy(full_every=3, incremental_every=1),
+                    options=WriteOptions(chunk_bytes=65536, max_inflight_bytes=1 << 20, workers=2))
+print("READY", flush=True)
+step = start
+while True:
+    mgr.save(step, tier_state(step))
+    mgr.wait()  # returns once the step is in the durable tier: acknowledged durable
+    print(f"ACK {step}", flush=True)
+    step += 1
+"""
+
+
+def kill_and_lose_hot(tmp_path, rounds: int, seed: int = 0) -> dict:
+    """Each round: a child saves through a Tiering until SIGKILLed at a random moment (most
+    often inside a durable copy), then its hot directory is deleted. Every step it
+    acknowledged durable must restore bit-exactly from the durable tier alone."""
+    import random
+    import sys
+    import threading
+
+    ns: dict = {}
+    exec(STATE_SRC, ns)  # noqa: S102 - the same state function as the child's
+    tier_state = ns["tier_state"]
+    rnd = random.Random(seed)
+    durable = str(tmp_path / "durable")
+    acked: list[int] = []
+    figures = {"rounds": rounds, "acked_durable": 0, "lost": 0, "restored_newest": 0}
+    for r in range(rounds):
+        hot = str(tmp_path / f"hot{r}")
+        start = (max(mf.list_steps(open_store(durable), "run"), default=-1) + 1) if r else 0
+        proc = subprocess.Popen([sys.executable, "-c", TIER_CHILD, hot, durable, str(start)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        ready = threading.Event()
+
+        def pump(p=proc, out=lines, ev=ready) -> None:
+            for line in p.stdout:
+                out.append(line.strip())
+                if line.startswith("READY"):
+                    ev.set()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        assert ready.wait(120), "\n".join(lines)
+        time.sleep(rnd.uniform(0.2, 1.5))
+        proc.kill()
+        proc.wait()
+        reader.join(10)
+        assert not any("Traceback" in line for line in lines), "\n".join(lines)
+        new = [int(line.split()[1]) for line in lines if line.startswith("ACK ")]
+        acked += new
+        shutil.rmtree(hot)  # the node is lost
+        fresh = Tiering(str(tmp_path / f"empty{r}"), durable)
+        with fresh.manager("run") as mgr:
+            durable_steps = {i.step for i in mgr.list() if i.durable}
+            for step in (acked if r == rounds - 1 else new):  # all of them again after the last round
+                if step not in durable_steps or not _restores(mgr, step, tier_state(step)):
+                    figures["lost"] += 1
+            if acked:
+                mgr.restore()
+                figures["restored_newest"] += mgr.last_restore.step >= max(acked)
+        fresh.close()
+        shutil.rmtree(str(tmp_path / f"empty{r}"), ignore_errors=True)
+    figures["acked_durable"] = len(acked)
+    print(f"[reliability] tiered kill + hot loss: {figures}")
+    return figures
+
+
+def _restores(mgr, step: int, expected: dict) -> bool:
+    got = mgr.restore(step)
+    return (got["step"] == expected["step"] and np.array_equal(got["w"], expected["w"])
+            and np.array_equal(got["b"], expected["b"]))
+
+
+@pytest.mark.timeout(300)
+def test_kill_during_tier_copy_then_lose_hot(tmp_path):
+    figures = kill_and_lose_hot(tmp_path, rounds=2)
+    assert figures["acked_durable"] > 0 and figures["lost"] == 0
+    assert figures["restored_newest"] == 2
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(3600)
+def test_kill_during_tier_copy_then_lose_hot_long(tmp_path):
+    rounds = 60
+    figures = kill_and_lose_hot(tmp_path, rounds=rounds, seed=1)
+    assert figures["lost"] == 0 and figures["restored_newest"] == rounds
