@@ -262,27 +262,34 @@ class Ingestor:
         self._check()
         table = to_table(data, self.schema)
         if table.num_rows == 0:
-            return 0  # an empty write fixes no schema
-        if self.schema is None:
-            self.schema = table.schema
+            return 0
         direct = self.config.durability == "shard" or (
             self.config.direct_bytes is not None and table.nbytes >= self.config.direct_bytes)
-        if direct and self.config.durability == "wal":
-            self._seal()  # records already in the log become a shard first: order is kept
         if not direct:
-            per_row = max(1, table.nbytes // table.num_rows)
-            start = 0
-            while start < table.num_rows:
-                room = max(1, (self.config.shard_bytes - self._buffer_bytes) // per_row)
-                piece = table.slice(start, room)
-                start += piece.num_rows
-                self._append(piece)
-                if self._buffer_bytes >= self.config.shard_bytes:
-                    self._seal()
+            self._log(table)
+            self._fix_schema(table.schema)
             return table.num_rows
+        self._fix_schema(table.schema)
+        if self.config.durability == "wal":
+            self._seal()  # records already in the log become a shard first: order is kept
         self._stage(table)
         self._accept_staged()  # durable on return: every shard of this write is stored
         return table.num_rows
+
+    def _fix_schema(self, schema: pa.Schema) -> None:
+        """The first stored write fixes the schema (a write that failed does not)."""
+        if self.schema is None:
+            self.schema = schema
+
+    def _log(self, table: pa.Table) -> None:
+        """Log one write as one WAL frame, so it is logged whole or (if the append fails) not
+        at all: a write is never split across segments, and a write larger than
+        ``shard_bytes`` becomes a shard of its own."""
+        if self._buffer and self._buffer_bytes + table.nbytes > self.config.shard_bytes:
+            self._seal()
+        self._append(table)
+        if self._buffer_bytes >= self.config.shard_bytes:
+            self._seal()
 
     def _append(self, table: pa.Table, logged: bool = True) -> None:
         if logged:
