@@ -33,6 +33,7 @@ the end of ``train`` so a background error is raised there, never lost.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,8 +44,8 @@ from typing import Any
 
 import torch
 from transformers import Trainer
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import TRAINER_STATE_NAME
 
 from ..checkpoint import CheckpointManager, RestoreResult, SaveHandle, capture_rng, restore_rng
 from ..errors import ConfigError, NoCheckpointError
@@ -134,7 +135,7 @@ class TrainstoreTrainerMixin:
         step = self.state.global_step
         state: dict[str, Any] = {"format": STATE_FORMAT,
                                  "model": self.accelerator.unwrap_model(self.model).state_dict(),
-                                 "trainer_state": self.state.to_json_string()}
+                                 "trainer_state": json.dumps(dataclasses.asdict(self.state), sort_keys=True)}
         if not self.args.save_only_model:
             state["optimizer"] = self.optimizer.state_dict()
             if self.lr_scheduler is not None:
