@@ -184,9 +184,11 @@ def test_best_metric_and_step(tmp_path):
             mgr.save(step, {"step": step}, metrics={"val_loss": loss})
         mgr.wait()
         assert mgr.restore(best="val_loss")["step"] == 2
+        assert (mgr.last_restore.step, mgr.last_restore.reason) == (2, "best val_loss=0.2 (min)")
         assert mgr.restore(best="val_loss", mode="max")["step"] == 1
+        assert (mgr.last_restore.step, mgr.last_restore.reason) == (1, "best val_loss=0.5 (max)")
         assert mgr.restore(step=1)["step"] == 1
-        assert "best val_loss" in mgr.last_restore.reason or mgr.last_restore.step == 1
+        assert (mgr.last_restore.step, mgr.last_restore.reason) == (1, "step 1 was asked for")
 
 
 def test_background_error_surfaces_at_next_call(tmp_path):

@@ -33,7 +33,7 @@ from ..checkpoint.manifest import Manifest, TensorEntry
 from ..checkpoint.reader import _read_piece
 from ..checkpoint.state import parse_numpy_dtype, parse_torch_dtype, unflatten
 from ..chunks import ChunkStore
-from ..errors import ManifestError, NotFoundError, NoValidCheckpointError
+from ..errors import ManifestError, NoCheckpointError, NotFoundError
 from ..store import open_store
 from ..store.base import Store
 from .coordination import is_dcp_manifest, is_valid_checkpoint_id, parse_checkpoint_id
@@ -84,7 +84,7 @@ class StorageReader(_TorchStorageReader):
         if step is None:
             steps = mf.list_steps(self.store, self.job)
             if not steps:
-                raise NoValidCheckpointError(f"job {self.job!r} has no checkpoints in {self.store.url}")
+                raise NoCheckpointError(f"job {self.job!r} has no checkpoints in {self.store.url}")
             step = self.step = steps[-1]
         m = mf.load_manifest(self.store, self.job, step)
         if not is_dcp_manifest(m):

@@ -118,7 +118,7 @@ def train(store_url: str, job: str, cache_dir: str, out: str, cfg: JobConfig = J
     from trainstore.checkpoint.rng import capture_rng, restore_rng
     from trainstore.data.dataset import Dataset
     from trainstore.data.loader import Loader
-    from trainstore.errors import NoValidCheckpointError
+    from trainstore.errors import NoCheckpointError
     from trainstore.store import open_store
 
     torch.set_num_threads(1)  # bitwise-reproducible CPU kernels
@@ -135,7 +135,7 @@ def train(store_url: str, job: str, cache_dir: str, out: str, cfg: JobConfig = J
     step = 0
     try:
         state = mgr.restore()
-    except NoValidCheckpointError:
+    except NoCheckpointError:  # a fresh start; all checkpoints corrupt is an error, raised
         state = None
     if state is not None:
         model.load_state_dict(state["model"])
