@@ -199,6 +199,8 @@ def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = 
         return _decode_tsz(stored, raw_size, key, out)
     try:
         nbytes, cbytes, _blocksize = blosc2.get_cbuffer_sizes(stored)
+    except MemoryError:
+        raise  # out of memory says nothing about the chunk: not ChunkCorruptError
     except Exception:
         raise ChunkCorruptError(f"chunk {key}: not a valid {codec} stream (bad header)") from None
     if nbytes != raw_size or cbytes != memoryview(stored).nbytes:
@@ -211,6 +213,8 @@ def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = 
             blosc2.decompress2(stored, dst=out, nthreads=threads)
             return out
         result = blosc2.decompress2(stored, nthreads=threads)
+    except MemoryError:
+        raise  # out of memory says nothing about the chunk: not ChunkCorruptError
     except Exception as exc:
         raise ChunkCorruptError(f"chunk {key}: {codec} stream failed to decode: {exc}") from None
     return result

@@ -222,3 +222,30 @@ def test_missing_chunk_is_an_integrity_failure(tmp_path):
     with pytest.raises(E.ChunkMissingError):
         mgr.restore(step=2)
     mgr.close()
+
+
+_DECODE_OOM_CHILD = textwrap.dedent("""
+    import re, resource, sys
+    import numpy as np
+    from trainstore.codecs import decode, encode
+
+    codec = sys.argv[1]
+    enc = bytes(encode(memoryview(np.zeros(48 << 20, dtype=np.uint8)), codec, 4, level=1, threads=1))
+    vm = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (16 << 20),) * 2)  # no room for 48 MiB decoded
+    try:
+        decode(enc, codec, 48 << 20, key="k", threads=1)
+    except BaseException as exc:
+        print("ERR", type(exc).__name__, flush=True)
+    else:
+        print("DECODED", flush=True)
+""")
+
+
+@pytest.mark.parametrize("codec", ["shuffle-lz4", "zstd"])
+def test_out_of_memory_while_decoding_is_not_corruption(codec):
+    """A decode that cannot allocate raises MemoryError, not ChunkCorruptError (which would
+    make deep verify record a good checkpoint as bad)."""
+    res = subprocess.run([sys.executable, "-c", _DECODE_OOM_CHILD, codec], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "MALLOC_ARENA_MAX": "1"})
+    assert res.stdout.strip() == "ERR MemoryError", (res.stdout, res.stderr[-2000:])
