@@ -18,7 +18,8 @@ with ``metric_for_best_model``), applied after each save has committed.
 
 ``resume_from_checkpoint=True`` restores the newest checkpoint that loads and verifies
 (falling back past corrupt or unfinished ones) and starts fresh when the job has none;
-``"trainstore:<step>"`` restores exactly that step. The Trainer's own resume logic then runs
+``"trainstore:<step>"`` restores exactly that step. A checkpoint made by
+``hf_export.import_pretrained`` only loads its weights: the fine-tune starts at step 0 from them. The Trainer's own resume logic then runs
 unchanged (it skips the batches already trained in the epoch and restores the RNG after
 them), so the resumed run sees exactly the batches the uninterrupted run would. Only the
 ``trainer_state.json`` it reads is written, to a temporary folder; no weights touch local disk.
@@ -51,6 +52,7 @@ from ..checkpoint import CheckpointManager, RestoreResult, SaveHandle, capture_r
 from ..errors import ConfigError, NoCheckpointError
 from ..lifecycle.retention import retention_hook
 from ..lifecycle.retention_rules import AnyOf, BestN, LatestN, Rule
+from .hf_export import PRETRAINED_FORMAT, load_weights
 
 log = logging.getLogger("trainstore.integrations.hf")
 
@@ -145,9 +147,12 @@ class TrainstoreTrainerMixin:
             state["rng"] = capture_rng()
         kind = self.checkpoints.should_save(step) or \
             ("incremental" if self.checkpoints.policy.incremental_every else "full")
+        config: dict[str, Any] = {"training_args": json.loads(self.args.to_json_string())}
+        model_config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
+        if callable(getattr(model_config, "to_json_string", None)):  # for export_pretrained
+            config["hf_config"] = json.loads(model_config.to_json_string(use_diff=False))
         self.last_save = self.checkpoints.save(step, state, metrics=step_metrics(self.state.log_history, step),
-                                               config={"training_args": json.loads(self.args.to_json_string())},
-                                               kind=kind)
+                                               config=config, kind=kind)
 
     # -- resuming ----------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -156,13 +161,20 @@ class TrainstoreTrainerMixin:
         if target is not False:
             resume_from_checkpoint = self._prepare_resume(target)
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
+        except BaseException:
+            try:
+                self.checkpoints.wait()
+            except Exception as exc:  # noqa: BLE001 - the training error is the one to raise
+                log.error("a background checkpoint save failed as well: %s", exc)
+            raise
         finally:
             self._resume_state = None
             if self._resume_dir is not None:
                 shutil.rmtree(self._resume_dir, ignore_errors=True)
                 self._resume_dir = None
-            self.checkpoints.wait()  # the last save is durable, or its error is raised here
+        self.checkpoints.wait()  # the last save is durable, or its error is raised here
+        return output
 
     def _prepare_resume(self, step: int | None) -> str | None:
         """Restore ``step`` (None: newest valid) and lay out the one file the Trainer reads."""
@@ -174,6 +186,11 @@ class TrainstoreTrainerMixin:
             log.info("job %r has no checkpoint yet: training from the start", self.checkpoints.job)
             return None
         state = result.state
+        if isinstance(state, dict) and state.get("format") == PRETRAINED_FORMAT:  # import_pretrained
+            load_weights(self.accelerator.unwrap_model(self.model), state["model"])
+            self.last_restore = result
+            log.info("fine-tuning from imported weights: %s", result)
+            return None
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError(f"step {result.step} of job {self.checkpoints.job!r} was not saved by "
                               "TrainstoreTrainer (no Trainer state in it)")
