@@ -25,6 +25,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from trainstore.checkpoint import CheckpointPolicy
 from trainstore.integrations.lightning import TrainstoreCheckpointIO
+from trainstore.integrations.torchdata import StatefulSampler
 
 EPOCHS = 2
 ROWS = 256
@@ -65,8 +66,9 @@ class Beacon(pl.Callback):
     def __init__(self, slow_after: int | None) -> None:
         self.slow_after = slow_after
 
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        print(f"STEP {trainer.global_step}", flush=True)
+    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: object,
+                           batch: list[torch.Tensor], batch_idx: int) -> None:
+        print(f"STEP {trainer.global_step} {batch_idx} {float(batch[0].sum()):.6f} {float(outputs['loss']):.9f}", flush=True)
         if self.slow_after is not None and trainer.global_step >= self.slow_after:
             time.sleep(0.2)
 
@@ -75,8 +77,11 @@ def data() -> StatefulDataLoader:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(ROWS, 8, generator=g)
     y = x.sum(dim=1, keepdim=True).sin()
-    return StatefulDataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True,
-                              generator=torch.Generator().manual_seed(2))
+    ds = TensorDataset(x, y)
+    # trainstore's plan: the order of every epoch follows from (seed, epoch), so a mid-epoch
+    # resume continues exactly (torchdata's own RandomSampler reshuffles the next epoch
+    # differently after a resume, with Lightning's default checkpointing too)
+    return StatefulDataLoader(ds, batch_size=BATCH, sampler=StatefulSampler(ds, BATCH, seed=2))
 
 
 def main() -> None:
