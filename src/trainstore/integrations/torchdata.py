@@ -20,7 +20,9 @@ plan order; each worker's state is its epoch and batches produced.
 
 Epochs: an exhausted iterator moves to the next epoch by itself; ``set_epoch(e)`` (called by
 Lightning and DistributedSampler-style loops) selects epoch ``e`` and keeps a restored
-position when ``e`` is the restored epoch. ``trainstore.data.Loader`` itself has the same
+position when ``e`` is the restored epoch. ``BatchStream`` runs inside the workers: with
+``persistent_workers=True`` (or no workers) epochs advance by themselves; non-persistent
+workers start each epoch from a fresh copy, so call ``stream.set_epoch(e)`` before each epoch. ``trainstore.data.Loader`` itself has the same
 ``state_dict``/``load_state_dict`` (the ``Stateful`` protocol of ``torch.distributed.checkpoint``).
 """
 
