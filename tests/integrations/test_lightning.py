@@ -179,3 +179,21 @@ def test_removal_waits_for_the_newer_save_and_spares_shared_steps(tmp_path):
 
 def pointers_in(d: Path) -> dict[str, int]:
     return {p.name: json.loads(p.read_text())["step"] for p in d.glob("*.ckpt")}
+
+
+def test_last_ckpt_sharing_the_top_k_checkpoint_loads_as_last(tmp_path):
+    """ModelCheckpoint saves the top-k file, then sets last_model_path and saves last.ckpt at the
+    same step (one shared checkpoint): loading last.ckpt must give the callback its own path,
+    else the resumed callback does not recognise last.ckpt and starts last-v1.ckpt."""
+    d = str(tmp_path / "ckpts")
+    cb = {"ModelCheckpoint{'monitor': 'loss'}": {"dirpath": d, "last_model_path": "", "best_model_path": "x"}}
+    io = TrainstoreCheckpointIO(str(tmp_path / "store"), "job")
+    try:
+        io.save_checkpoint({"global_step": 4, "callbacks": cb, "w": torch.ones(3)}, os.path.join(d, "epoch=0-step=4.ckpt"))
+        io.save_checkpoint({"global_step": 4, "callbacks": cb, "w": torch.ones(3)}, os.path.join(d, "last.ckpt"))
+        loaded = io.load_checkpoint(os.path.join(d, "last.ckpt"))
+        top_k = io.load_checkpoint(os.path.join(d, "epoch=0-step=4.ckpt"))
+    finally:
+        io.teardown()
+    assert loaded["callbacks"]["ModelCheckpoint{'monitor': 'loss'}"]["last_model_path"] == os.path.join(d, "last.ckpt")
+    assert top_k["callbacks"]["ModelCheckpoint{'monitor': 'loss'}"]["last_model_path"] == ""

@@ -216,7 +216,10 @@ class TrainstoreCheckpointIO(CheckpointIO):
         result = mgr.restore_with_info(step)
         self.last_restore = result
         log.info("Lightning load of %s (%s): %s", path, why, result)
-        return pyvalues.decode(result.state, self.allow_pickle_paths)
+        checkpoint = pyvalues.decode(result.state, self.allow_pickle_paths)
+        if step is None and not os.fspath(path).startswith("trainstore:"):
+            _as_loaded_through(checkpoint, os.fspath(path))
+        return checkpoint
 
     def _resolve(self, path: _PATH) -> tuple[int | None, str]:
         text = os.fspath(path)
@@ -308,6 +311,24 @@ class TrainstoreCheckpointIO(CheckpointIO):
         else:
             with fs.open(p, "wb") as f:
                 f.write(body)
+
+
+def _as_loaded_through(checkpoint: dict, last_path: str) -> None:
+    """Set ``last_model_path`` of the ModelCheckpoint states of ``last_path``'s directory to it.
+
+    ``ModelCheckpoint`` sets that field just before saving ``last.ckpt``, so a real last file
+    holds its own path there; a same-step save shares the checkpoint of the top-k file saved a
+    moment earlier (or a fallback restores an older one), whose field is older. Without this,
+    the resumed callback would not recognise ``last.ckpt`` and start ``last-v1.ckpt``.
+    """
+    callbacks = checkpoint.get("callbacks")
+    if not isinstance(callbacks, dict):
+        return
+    where = os.path.realpath(os.path.dirname(_norm(last_path)))
+    for state in callbacks.values():
+        if isinstance(state, dict) and "last_model_path" in state and isinstance(state.get("dirpath"), str) \
+                and os.path.realpath(state["dirpath"]) == where:
+            state["last_model_path"] = os.path.join(state["dirpath"], os.path.basename(last_path))
 
 
 def _norm(path: _PATH) -> str:
