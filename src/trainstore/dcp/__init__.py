@@ -6,8 +6,14 @@ every rank writes its shards as content-addressed, compressed, verified chunks i
 commits one manifest (JSON, no pickle) after every rank succeeded. See docs/distributed.md.
 """
 
-from .coordination import CheckpointTarget, describe_failure, parse_checkpoint_id
+from .coordination import (
+           CheckpointTarget,
+           describe_failure,
+           format_checkpoint_id,
+           parse_checkpoint_id,
+)
 from .reader import StorageReader
 from .writer import BaseCache, StorageWriter
 
-__all__ = ["StorageWriter", "StorageReader", "BaseCache", "CheckpointTarget", "parse_checkpoint_id", "describe_failure"]
+__all__ = ["StorageWriter", "StorageReader", "BaseCache", "CheckpointTarget", "parse_checkpoint_id",
+           "format_checkpoint_id", "describe_failure"]

@@ -47,6 +47,23 @@ def parse_checkpoint_id(checkpoint_id: object) -> CheckpointTarget:
     raise ConfigError(f"checkpoint_id must be a step, 'job@step' or 'trainstore:<url>#job@step', got {checkpoint_id!r:.100}")
 
 
+def full_checkpoint_id(checkpoint_id: object) -> CheckpointTarget:
+    """Parse an id that names store, job and step (``"trainstore:<url>#<job>@<step>"``)."""
+    try:
+        target = parse_checkpoint_id(checkpoint_id)
+    except ConfigError:
+        target = CheckpointTarget(None)
+    if target.url is None or target.job is None or target.step is None:
+        raise ConfigError("a checkpoint id naming its store must be 'trainstore:<store url>#<job>@<step>', "
+                          f"got {checkpoint_id!r:.100}")
+    return target
+
+
+def format_checkpoint_id(url: str, job: str, step: int) -> str:
+    """``"trainstore:<url>#<job>@<step>"``: the id ``full_checkpoint_id`` parses back."""
+    return f"trainstore:{url}#{mf.check_job(job)}@{mf.check_step(step)}"
+
+
 def is_valid_checkpoint_id(checkpoint_id: object) -> bool:
     try:
         parse_checkpoint_id(checkpoint_id)
@@ -144,5 +161,6 @@ def _dist():  # noqa: ANN202 - torch.distributed, imported lazily
     return dist
 
 
-__all__ = ["CheckpointTarget", "parse_checkpoint_id", "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",
+__all__ = ["CheckpointTarget", "parse_checkpoint_id", "full_checkpoint_id", "format_checkpoint_id",
+           "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",
            "rank_error", "describe_failure", "mark_written", "unfinished_ranks"]

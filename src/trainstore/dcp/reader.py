@@ -36,7 +36,12 @@ from ..chunks import ChunkStore
 from ..errors import ManifestError, NoCheckpointError, NotFoundError
 from ..store import open_store
 from ..store.base import Store
-from .coordination import is_dcp_manifest, is_valid_checkpoint_id, parse_checkpoint_id
+from .coordination import (
+    full_checkpoint_id,
+    is_dcp_manifest,
+    is_valid_checkpoint_id,
+    parse_checkpoint_id,
+)
 from .items import OBJ_PREFIX
 from .metadata import index_from_json, metadata_from_json
 
@@ -62,6 +67,13 @@ class StorageReader(_TorchStorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike | int) -> bool:
         return is_valid_checkpoint_id(checkpoint_id)
+
+    @classmethod
+    def from_checkpoint_id(cls, checkpoint_id: str, **kwargs: Any) -> StorageReader:
+        """A reader of ``"trainstore:<store url>#<job>@<step>"`` (``kwargs``: the constructor's);
+        torch's ``dcp.load`` cannot pick it from the id alone (see ``StorageWriter``)."""
+        target = full_checkpoint_id(checkpoint_id)
+        return cls(target.url, target.job, target.step, **kwargs)  # type: ignore[arg-type]
 
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
         target = parse_checkpoint_id(checkpoint_id)

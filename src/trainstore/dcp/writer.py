@@ -47,6 +47,7 @@ from ..store.base import Store
 from .coordination import (
     describe_failure,
     find_base,
+    full_checkpoint_id,
     is_valid_checkpoint_id,
     mark_written,
     parse_checkpoint_id,
@@ -173,6 +174,16 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike | int) -> bool:
         return is_valid_checkpoint_id(checkpoint_id)
+
+    @classmethod
+    def from_checkpoint_id(cls, checkpoint_id: str, **kwargs: Any) -> StorageWriter:
+        """A writer for ``"trainstore:<store url>#<job>@<step>"`` (``kwargs``: the constructor's).
+
+        torch's ``dcp.save(sd, checkpoint_id=...)`` without a ``storage_writer`` tries only its
+        file-system writers (which take such an id for a folder name), so pass
+        ``storage_writer=StorageWriter.from_checkpoint_id(id)``."""
+        target = full_checkpoint_id(checkpoint_id)
+        return cls(target.url, target.job, target.step, **kwargs)  # type: ignore[arg-type]
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """``dcp.async_save``'s host copy; with ``cache_staged_state_dict`` the copy is reused
