@@ -8,12 +8,12 @@ import sys
 import time
 
 import pytest
-from store_suite import BAD_KEYS
 
 from trainstore import open_store
 from trainstore.errors import ConfigError, InvalidKeyError, NotFoundError
 from trainstore.store import LocalStore
 from trainstore.store.local import TEMP_PREFIX
+from trainstore.testing.store_suite import BAD_KEYS
 
 
 def _tree(path) -> set[str]:

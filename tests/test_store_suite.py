@@ -1,15 +1,48 @@
-"""Runs the shared store contract (tests/store_suite.py) on every backend: a local
-directory, memory:// and s3:// against the moto server on 127.0.0.1."""
+"""Runs the shared store contract (``trainstore.testing.store_suite``) on every backend: a
+local directory, memory://, s3:// against the moto server on 127.0.0.1, and tiered stores
+(write-through over memory:// and s3://, write-back as the checkpoint hot tier uses it, and
+with an archive tier), plus read-only views of them."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
-from store_suite import StorePropertySuite, StoreSuite
+
+from trainstore import open_store
+from trainstore.store import TieredStore
+from trainstore.testing.store_suite import StorePropertySuite, StoreSuite, run_dict_model
+
+TIERED = ["tiered", "tiered-s3", "tiered-write-back", "tiered-archive"]
 
 
-@pytest.fixture
-def store(any_store):
-    return any_store
+def _tiered(kind: str, request, tmp_path) -> TieredStore:
+    hot = open_store(str(tmp_path / "hot"))
+    if kind == "tiered-s3":
+        url, opts = request.getfixturevalue("s3_url")
+        return TieredStore(hot, open_store(url, **opts))
+    durable = open_store(f"memory://{uuid.uuid4().hex}")
+    if kind == "tiered-write-back":
+        return TieredStore(hot, durable, write_back=True)
+    if kind == "tiered-archive":
+        return TieredStore(hot, durable, open_store(f"memory://{uuid.uuid4().hex}"))
+    return TieredStore(hot, durable)
+
+
+@pytest.fixture(params=["local", "memory", "s3", *TIERED])
+def store(request, tmp_path):
+    """One empty store of each kind: the plain backends and the tiered variants."""
+    if request.param == "local":
+        s = open_store(str(tmp_path / "store"))
+    elif request.param == "memory":
+        s = open_store(f"memory://{uuid.uuid4().hex}")
+    elif request.param == "s3":
+        url, opts = request.getfixturevalue("s3_url")
+        s = open_store(url, **opts)
+    else:
+        s = _tiered(request.param, request, tmp_path)
+    yield s
+    s.close()
 
 
 class TestStoreContract(StoreSuite):
@@ -37,12 +70,6 @@ class _PrefixSegmentStore:
 
 def test_dict_model_catches_a_buggy_store():
     """The property test is not vacuous: a store with segment-only prefixes fails it."""
-    import uuid
-
-    from store_suite import run_dict_model
-
-    from trainstore import open_store
-
     buggy = _PrefixSegmentStore(open_store(f"memory://{uuid.uuid4().hex}"))
     with pytest.raises(AssertionError):
         run_dict_model(buggy, max_examples=100, steps=20, derandomize=True)

@@ -61,6 +61,11 @@ class CredentialsError(TrainstoreError, PermissionError):
     """Credentials are missing or were refused."""
 
 
+class ReadOnlyError(TrainstoreError, PermissionError):
+    """A write (put, put_if_absent, delete) through a read-only view of a store
+    (``Store.with_read_only()``)."""
+
+
 class CapacityError(StoreError):
     """Out of space: a full disk, or a cache limit smaller than one object."""
 

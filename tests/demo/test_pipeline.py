@@ -17,7 +17,7 @@ from trainstore.demo.lifecycle_stage import MODEL
 from trainstore.demo.report import PLOTS, load_run
 from trainstore.demo.summary import compute_summary
 from trainstore.lifecycle.registry import Registry
-from trainstore.lifecycle.tiering import TieredStore
+from trainstore.store.tiered import TieredStore
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -24,4 +24,4 @@ from .retention_rules import (
     Rule as Rule,
     Within as Within,
 )
-from .tiering import TieredStore as TieredStore, Tiering as Tiering, TierPolicy as TierPolicy
+from .tiering import Tiering as Tiering, TierPolicy as TierPolicy

@@ -14,7 +14,8 @@
   are durable are **evicted** from hot, and hot chunks nothing references any more are
   collected (the gc protocol keeps concurrent saves safe).
 * ``archive()`` moves durable full checkpoints older than ``archive_after`` to the archive.
-* ``TieredStore`` reads hot, else durable, else archive: restore is transparent.
+* ``TieredStore`` (``trainstore.store.tiered``, in write-back mode here) reads hot, else
+  durable, else archive: restore is transparent.
 
 Save leases (see ``gc``) are written to hot and durable; the durable one is dropped only
 after the durable copy, so a durable-tier gc cannot take a chunk that a hot checkpoint
@@ -25,10 +26,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -45,89 +45,13 @@ from ..errors import (
     TrainstoreError,
 )
 from ..store import open_store
-from ..store.base import Buffer, ObjectMeta, Store, StoreCapabilities
+from ..store.base import Store
+from ..store.tiered import TieredStore
 from .gc import LEASES, GcOptions, collect_garbage
 from .retention import delete_checkpoint, parse_duration
 
 log = logging.getLogger("trainstore.lifecycle.tiering")
 TIER_NAME = "tier.json"
-
-
-class TieredStore(Store):
-    """Writes go to ``hot``; reads fall through hot -> durable -> archive; listings merge."""
-
-    def __init__(self, hot: Store, durable: Store, archive: Store | None = None) -> None:
-        self.hot, self.durable, self.archive = hot, durable, archive
-        self._tiers = tuple(s for s in (hot, durable, archive) if s is not None)
-        self.url = f"tiered({hot.url} -> {durable.url}" + (f" -> {archive.url})" if archive else ")")
-        self._write_view: Store = self if archive is None else TieredStore(hot, durable)
-
-    def write_view(self) -> Store:
-        """Hot and durable, without the archive: a chunk only in the archive is written again
-        by a new save (the durable copy never depends on the archive, which may be cold,
-        slow, or collected independently)."""
-        return self._write_view
-
-    def tiers(self) -> tuple[Store, ...]:
-        """hot, durable[, archive]: readers verify and repair copies tier by tier (``ChunkStore``)."""
-        return self._tiers
-
-    @property
-    def capabilities(self) -> StoreCapabilities:
-        return StoreCapabilities(tiered=True)
-
-    def _first(self, key: str, fn: Callable[[Store], Any]) -> Any:
-        for s in self._tiers:
-            try:
-                return fn(s)
-            except NotFoundError:
-                continue
-        raise NotFoundError(f"no object {key!r} in any tier of {self.url}")
-
-    def get(self, key: str) -> Buffer:
-        return self._first(key, lambda s: s.get(key))
-
-    def get_range(self, key: str, start: int, length: int) -> Buffer:
-        return self._first(key, lambda s: s.get_range(key, start, length))
-
-    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[Buffer]:
-        return self._first(key, lambda s: s.get_ranges(key, ranges))
-
-    def head(self, key: str) -> ObjectMeta:
-        return self._first(key, lambda s: s.head(key))
-
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
-        return self.hot.put(key, data)
-
-    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        for s in self._tiers[1:]:  # a step evicted from hot still exists
-            if s.exists(key):
-                raise AlreadyExistsError(f"object {key!r} already exists in {s.url}")
-        return self.hot.put_if_absent(key, data)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        seen: set[str] = set()
-        for s in self._tiers:
-            for meta in s.list(prefix):
-                if meta.key not in seen:
-                    seen.add(meta.key)
-                    yield meta
-
-    def delete(self, key: str) -> None:
-        for s in self._tiers:
-            s.delete(key)
-
-    def local_path(self, key: str) -> str | None:
-        path = self.hot.local_path(key)
-        return path if path is not None and os.path.isfile(path) else None
-
-    def gc_stores(self) -> tuple[list[Store], list[Store]]:
-        """Leases go to hot and durable; only the hot one is dropped at commit (see module doc)."""
-        return [self.hot, self.durable], [self.hot]
-
-    def close(self) -> None:
-        for s in self._tiers:
-            s.close()
 
 
 @dataclass(frozen=True)
@@ -217,7 +141,8 @@ class Tiering:
         self.hot = open_store(hot)
         self.durable = open_store(durable, **(durable_options or {}))
         self.archive_store = open_store(archive, **(archive_options or {})) if archive is not None else None
-        self.store = TieredStore(self.hot, self.durable, self.archive_store)
+        # write-back: saves commit to hot (restore-ready fast); copies to durable run behind
+        self.store = TieredStore(self.hot, self.durable, self.archive_store, write_back=True)
         self.policy = policy or TierPolicy()
         self.workers = workers
         self.observers = list(observers)
@@ -430,4 +355,4 @@ class Tiering:
         return out
 
 
-__all__ = ["Tiering", "TierPolicy", "TieredStore", "TierStatus", "copy_checkpoint"]
+__all__ = ["Tiering", "TierPolicy", "TierStatus", "copy_checkpoint"]

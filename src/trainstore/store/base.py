@@ -1,8 +1,10 @@
 """The store interface: the one small API every byte in trainstore goes through.
 
 A ``Store`` maps string keys (``a/b/c``) to immutable byte objects. Implementations:
-``LocalStore`` (a directory; the embedded default) and ``ObjectStore`` (obstore: s3://,
-gs://, az://, memory://). Every implementation passes ``tests/store_suite.py``.
+``LocalStore`` (a directory; the embedded default), ``ObjectStore`` (obstore: s3://,
+gs://, az://, memory://) and ``TieredStore`` (hot -> durable -> archive). Every implementation
+passes the shared suite ``trainstore.testing.store_suite``. ``with_read_only()`` gives a view
+of any store whose writes raise ``ReadOnlyError``.
 
 Contract, per method:
 
@@ -27,9 +29,9 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..errors import InvalidKeyError
+from ..errors import InvalidKeyError, NotFoundError, ReadOnlyError
 
 #: Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy arrays).
 Buffer = bytes | bytearray | memoryview
@@ -133,8 +135,6 @@ class Store(abc.ABC):
 
     def exists(self, key: str) -> bool:
         """True if ``key`` names an object."""
-        from ..errors import NotFoundError
-
         try:
             self.head(key)
         except NotFoundError:
@@ -155,6 +155,12 @@ class Store(abc.ABC):
         is its own single tier."""
         return (self,)
 
+    def with_read_only(self) -> Store:
+        """A view of this store that reads through and refuses every write with
+        ``ReadOnlyError`` (zarr's ``with_read_only``): for callers that must only look, such
+        as ``trainstore ckpt ls``. Closing the view does not close this store."""
+        return ReadOnlyStore(self)
+
     def write_view(self) -> Store:
         """The store as a writer of new content-addressed objects sees it: the tiers a write
         lands in or is copied to. An object there makes writing it again redundant; an object
@@ -173,3 +179,67 @@ class Store(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ReadOnlyStore(Store):
+    """A read-only view of ``inner``: reads pass through, writes raise ``ReadOnlyError``
+    naming the key and the store. Its tiers are read-only views too, so a reader that walks
+    the tiers (chunk repair) cannot write through them either."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    def _refuse(self, action: str, key: str) -> ReadOnlyError:
+        validate_key(key)  # a bad key is still InvalidKeyError, as on any store
+        return ReadOnlyError(f"cannot {action} {key!r}: {self.url} is opened read-only")
+
+    def get(self, key: str) -> Buffer:
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> Buffer:
+        return self.inner.get_range(key, start, length)
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[Buffer]:
+        return self.inner.get_ranges(key, ranges)
+
+    def put(self, key: str, data: Buffer) -> ObjectMeta:
+        raise self._refuse("put", key)
+
+    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+        raise self._refuse("create", key)
+
+    def head(self, key: str) -> ObjectMeta:
+        return self.inner.head(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        raise self._refuse("delete", key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def local_path(self, key: str) -> str | None:
+        return self.inner.local_path(key)
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return replace(self.inner.capabilities, read_only=True)
+
+    def tiers(self) -> tuple[Store, ...]:
+        inner = self.inner.tiers()
+        return (self,) if len(inner) == 1 else tuple(t.with_read_only() for t in inner)
+
+    def write_view(self) -> Store:
+        return self
+
+    def with_read_only(self) -> Store:
+        return self
+
+    def close(self) -> None:  # the inner store belongs to whoever opened it
+        pass
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyStore({self.url!r})"

@@ -21,10 +21,8 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .objectstore import RetryOptions
+from .options import RetryOptions
 
 
 def backoff_delays(retry: RetryOptions) -> Iterator[float]:
