@@ -30,10 +30,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from trainstore import CheckpointManager, CheckpointPolicy, open_store  # noqa: E402
-from trainstore.checkpoint import manifest as mf  # noqa: E402
+from trainstore.checkpoint import (
+    lease as leasemod,  # noqa: E402
+    manifest as mf,  # noqa: E402
+)
 from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
 from trainstore.chunks import ChunkStore  # noqa: E402
-from trainstore.lifecycle import gc as gcmod  # noqa: E402
 from trainstore.lifecycle.gc import GcOptions, collect_garbage  # noqa: E402
 from trainstore.lifecycle.retention import delete_checkpoint  # noqa: E402
 from trainstore.lifecycle.tiering import Tiering, TierPolicy  # noqa: E402
@@ -95,38 +97,38 @@ def bench_gc(chunks: int, reps: int) -> None:
 
 @contextlib.contextmanager
 def lease_disabled():
-    orig = gcmod.commit_lease
+    orig = leasemod.commit_lease
 
     @contextlib.contextmanager
     def none(store, chunks, m, pieces, started, poll_s=0.2):
         yield m
 
-    gcmod.commit_lease = none
+    leasemod.commit_lease = none
     try:
         yield
     finally:
-        gcmod.commit_lease = orig
+        leasemod.commit_lease = orig
 
 
 def bench_lease(url: str, opts: dict, saves: int, reps: int, label: str) -> None:
     """Two managers side by side; every save alternates between with and without the lease."""
     state = {"w": np.random.default_rng(1).standard_normal(1 << 16).astype(np.float32)}
     times: dict[str, list[float]] = {"on": [], "off": []}
-    orig = gcmod.commit_lease
+    orig = leasemod.commit_lease
     with lease_disabled():
-        off_impl = gcmod.commit_lease
+        off_impl = leasemod.commit_lease
     policy = CheckpointPolicy(full_every=1, incremental_every=None)
     tag = uuid.uuid4().hex[:6]
     with CheckpointManager(open_store(url, **opts), f"on-{tag}", policy, options=WriteOptions(nice=0)) as on, \
             CheckpointManager(open_store(url, **opts), f"off-{tag}", policy, options=WriteOptions(nice=0)) as off:
         for i in range(saves * reps):
             for mode, mgr in (("on", on), ("off", off)) if i % 2 else (("off", off), ("on", on)):
-                gcmod.commit_lease = orig if mode == "on" else off_impl
+                leasemod.commit_lease = orig if mode == "on" else off_impl
                 state["w"][0] = i + (0.5 if mode == "on" else 0.0)  # one new chunk per save
                 t = time.perf_counter()
                 mgr.save(i, state, blocking=True)
                 times[mode].append(time.perf_counter() - t)
-    gcmod.commit_lease = orig
+    leasemod.commit_lease = orig
     a, b = med(times["on"]), med(times["off"])
     print(f"  {label}: {len(times['on'])} saves each, median with gc lease {a * 1e3:.1f} ms, without {b * 1e3:.1f} ms "
           f"({(a - b) * 1e3:+.1f} ms, {a / b:.2f}x)")
@@ -136,7 +138,7 @@ def bench_lease(url: str, opts: dict, saves: int, reps: int, label: str) -> None
     lease = []
     for _ in range(saves * reps):
         t = time.perf_counter()
-        with gcmod.commit_lease(store, cs, m, None, time.time()):
+        with leasemod.commit_lease(store, cs, m, None, time.time()):
             pass
         lease.append(time.perf_counter() - t)
     print(f"  {label}: the lease alone (put, marker listing, delete; no sweep running): {med(lease) * 1e3:.2f} ms")

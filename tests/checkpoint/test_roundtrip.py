@@ -238,7 +238,7 @@ def test_staging_buffers_are_reused(tmp_path):
             w += 0.01
             mgr.save(step, {"w": w})
         mgr.wait()
-        assert mgr._stager.allocations == 2  # base + staging, whatever the number of saves
+        assert mgr.backend.stager.allocations == 2  # base + staging, whatever the number of saves
         assert torch.equal(mgr.restore()["w"], w)
 
 

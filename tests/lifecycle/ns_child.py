@@ -6,7 +6,7 @@ container sharing the host name but not the PID namespace would be."""
 import json
 import sys
 
-from trainstore.lifecycle.liveness import identity
+from trainstore.liveness import identity
 
 print(json.dumps(identity()), flush=True)
 sys.stdin.read()

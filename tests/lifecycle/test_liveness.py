@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainstore.lifecycle.liveness import identity, writer_dead, writer_state
+from trainstore.liveness import identity, writer_dead, writer_state
 
 CHILD = os.path.join(os.path.dirname(__file__), "ns_child.py")
 

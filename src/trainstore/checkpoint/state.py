@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ManifestError, UnsupportedTypeError
+from ..errors import ConfigError, ManifestError, UnsupportedTypeError
 
 try:  # torch is an optional extra; numpy-only states work without it
     import torch
@@ -298,5 +299,21 @@ def _is_container(x: Any) -> bool:
     return isinstance(x, (dict, list, tuple)) and not (torch is not None and isinstance(x, torch.Size))
 
 
-__all__ = ["Leaf", "flatten", "unflatten", "iter_tensor_names", "merge_into", "pretty_path",
+def jsonable(obj: Any, what: str) -> Any:
+    """``obj`` as plain JSON values (numpy / 0-d torch scalars become numbers); ``ConfigError`` if it cannot be."""
+    try:
+        return json.loads(json.dumps(obj, allow_nan=False, default=_json_default))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"checkpoint {what} must be JSON-serialisable: {exc}") from None
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "numel", lambda: 0)() == 1:
+        return x.item()  # a 0-d torch tensor (loss.detach())
+    raise TypeError(f"{type(x).__name__} is not JSON serialisable")
+
+
+__all__ = ["Leaf", "flatten", "jsonable", "unflatten", "iter_tensor_names", "merge_into", "pretty_path",
            "parse_torch_dtype", "parse_numpy_dtype", "dtype_itemsize"]

@@ -27,17 +27,16 @@ import uuid
 from typing import Any
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
-from torch.distributed.checkpoint.storage import StorageWriter as _TorchStorageWriter
-from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed.checkpoint.storage import StorageWriter as _TorchStorageWriter, WriteResult
 from torch.futures import Future
 
-from ..checkpoint import manifest as mf
+from ..checkpoint import lease, manifest as mf
 from ..checkpoint.manifest import ChunkEntry, Manifest, TensorEntry
+from ..checkpoint.staging import Stager
 from ..checkpoint.writer import WriteOptions, WriteStats, write_tensors
 from ..chunks import ChunkStore
 from ..codecs import CodecConfig
@@ -58,28 +57,6 @@ from .items import lookup_value, stage_tensor, stage_value
 from .metadata import index_to_json, metadata_to_json, shard_name
 
 log = logging.getLogger("trainstore.dcp")
-
-
-def stage_state_dict(state_dict: dict[str, Any], holder: Any) -> dict[str, Any]:
-    """Copy ``state_dict`` to host memory; reuse ``holder.state_dict_cache`` when caching."""
-    if not getattr(holder, "cache_staged_state_dict", False):
-        return BlockingAsyncStager.stage(holder, state_dict)
-    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-    sig = _layout(state_dict)
-    if holder.state_dict_cache is None or getattr(holder, "_layout", None) != sig:
-        # first save, or the state changed shape (e.g. optimizer state appeared): new buffers
-        holder.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
-        holder._layout = sig
-    return _copy_state_dict(state_dict, holder.state_dict_cache)
-
-
-def _layout(state_dict: dict[str, Any]) -> Any:
-    """Structure + tensor shapes/dtypes of a state dict (when equal, cached buffers fit)."""
-    from torch.utils._pytree import tree_flatten
-
-    leaves, spec = tree_flatten(state_dict)
-    return spec, [(type(x), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
 class BaseCache:
@@ -163,6 +140,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.step = None if step is None else mf.check_step(step)
         self.metadata = dict(metadata or {})
         self.base_cache = base_cache
+        self._host_copy = Stager()  # stage()'s reusable host copy (cache_staged_state_dict)
         self.is_coordinator = False
         self.rank = 0
         self.last_manifest: Manifest | None = None
@@ -188,7 +166,9 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """``dcp.async_save``'s host copy; with ``cache_staged_state_dict`` the copy is reused
         across saves and pinned only when CUDA exists (torch's stager always pins)."""
-        return stage_state_dict(state_dict, self)
+        if not self.cache_staged_state_dict:
+            return BlockingAsyncStager.stage(self, state_dict)
+        return self._host_copy.stage_state_dict(state_dict)
 
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
         target = parse_checkpoint_id(checkpoint_id)
@@ -374,9 +354,8 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         m = Manifest(job=self.job, step=self.step, kind=kind, tensors=tensors,  # type: ignore[arg-type]
                      skeleton={"$dict": [[n, {"$tensor": n}] for n in tensors]}, base_step=base_step,
                      chunk_bytes=self.options.chunk_bytes, metadata=meta, **totals)
-        from ..lifecycle.gc import commit_lease  # gc-safe: a lease on m's chunks while committing
-
-        with commit_lease(self.store, self._chunk_store(), m, None, self._started):
+        # gc-safe: a lease on m's chunks while committing
+        with lease.commit_lease(self.store, self._chunk_store(), m, None, self._started):
             mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
         metadata.storage_data = storage_data
         self.last_manifest = m

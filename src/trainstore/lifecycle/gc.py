@@ -12,17 +12,9 @@ exists, so one of the two listings sees every committed or committing save); (4)
 grace period, while the marker's deadline (renewed by a heartbeat) is ahead; (5) mark the
 marker ``done``.
 
-**Save** (``commit_lease``, called by ``CheckpointManager`` right before it commits a
-manifest): (a) write the lease naming every chunk key of the manifest; (b) list sweep
-markers; a sweep that is still running, or that finished after this process last checked
-its chunk knowledge, may have deleted a chunk the save reuses (a dedup hit, a base chunk, a
-key the ChunkStore remembered) - so (c) wait until running sweeps are done (or past their
-deadline, which a crashed sweep stops renewing), forget cached chunk knowledge, HEAD every chunk of the manifest and write back
-any that is missing (from the staged bytes); if the lease has grown older than
-``LEASE_RENEW_S`` meanwhile, write it again and repeat (b)-(c) (sweeps honour a lease for
-``GcOptions.lease_ttl`` >= ``MIN_LEASE_TTL_S`` after its creation); (d) commit the manifest;
-(e) drop the lease. Whether a running sweep's process is provably dead (so not worth waiting
-for) is ``liveness.writer_state``'s call: only on the same host, boot and PID namespace.
+**Save**: ``trainstore.checkpoint.lease.commit_lease`` (the save backends call it right before
+they commit a manifest) writes a lease, then re-checks its chunks against sweeps that may
+have been deleting; this module keeps the sweep and imports the shared names from there.
 
 Why it is safe: a sweep whose listing (3) happens after the lease (a) is visible protects
 the save's chunks. A sweep whose listing came earlier wrote its marker (1) before that,
@@ -34,40 +26,32 @@ garbage only after it). Listing is strongly consistent on S3, GCS, Azure and loc
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ..checkpoint import manifest as mf
-from ..chunks import ChunkRef, ChunkStore, replica_key
-from ..errors import ConfigError, IntegrityError, ManifestError, NotFoundError, TrainstoreError
+from ..checkpoint.lease import (
+    CLOCK_SKEW_S,
+    LEASE_RENEW_S,
+    LEASES,
+    MIN_LEASE_TTL_S,
+    SWEEPS,
+    sweep_markers,
+)
+from ..chunks import ChunkStore, replica_key
+from ..errors import ConfigError, ManifestError, TrainstoreError
+from ..liveness import identity
 from ..store.base import Store
-from .liveness import identity, writer_dead
+from ..sweeps import load_json, put_json
 from .retention import parse_duration
 
 log = logging.getLogger("trainstore.lifecycle.gc")
-
-SWEEPS = "gc/sweeps/"
-LEASES = "gc/leases/"
-#: allowance for clock differences between the machines that save and sweep
-CLOCK_SKEW_S = 60.0
-#: the shortest ``GcOptions.lease_ttl`` a sweep accepts
-MIN_LEASE_TTL_S = 600.0
-#: a save whose lease is older than this when it is about to commit writes it again and re-checks
-#: (so between a lease's last write and the commit, any sweep counts it live: < ttl - 2 skews)
-LEASE_RENEW_S = MIN_LEASE_TTL_S - 3 * CLOCK_SKEW_S
-#: what a lease says about itself (older sweeps read only ``expires``); sweeps also apply their ``lease_ttl``
-LEASE_EXPIRES_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -126,20 +110,6 @@ def _now() -> float:
     return time.time()
 
 
-def _load_json(store: Store, key: str) -> dict | None:
-    try:
-        obj = json.loads(bytes(memoryview(store.get(key))))
-        return obj if isinstance(obj, dict) else None
-    except NotFoundError:
-        return None
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-def _put_json(store: Store, key: str, obj: dict) -> None:
-    store.put(key, json.dumps(obj).encode())
-
-
 def referenced_chunks(store: Store, *, ignore_unreadable: bool = False,
                       on_manifest: Callable[[], Any] | None = None) -> tuple[set[str], int, int]:
     """Chunk keys referenced by every committed manifest of every job: (keys, manifests, jobs)."""
@@ -178,7 +148,7 @@ def live_leases(store: Store, now: float, lease_ttl: float, dry_run: bool) -> tu
     keys: set[str] = set()
     n = 0
     for meta in list(store.list(LEASES)):
-        obj = _load_json(store, meta.key)
+        obj = load_json(store, meta.key)
         if obj is None:
             continue
         if lease_expiry(obj, lease_ttl) + CLOCK_SKEW_S < now:
@@ -244,7 +214,7 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
         if not dry_run:
             beat.stop()
             try:
-                _put_json(store, marker_key, {**marker, "state": "done", "finished": now(),
+                put_json(store, marker_key, {**marker, "state": "done", "finished": now(),
                                               "deleted": report.deleted})  # (5)
                 _expire_markers(store, now(), opts.marker_ttl)  # type: ignore[arg-type]
             except TrainstoreError as exc:  # the marker's deadline still bounds what savers wait for
@@ -276,7 +246,7 @@ class _Heartbeat:
             self.lapsed = True
             return
         deadline = min(t + 3 * self.period, self.hard)
-        _put_json(self.store, self.key, {**self.marker, "deadline": deadline})
+        put_json(self.store, self.key, {**self.marker, "deadline": deadline})
         if self.deadline and self.now() > self.deadline:  # the put itself outlived the old deadline
             self.lapsed = True
         self.deadline = deadline
@@ -321,7 +291,7 @@ def _delete(store: Store, victims: list[tuple[str, int]], opts: GcOptions, beat:
 
 def _expire_markers(store: Store, now: float, ttl: float) -> None:
     for m in list(store.list(SWEEPS)):
-        obj = _load_json(store, m.key)
+        obj = load_json(store, m.key)
         if obj is None:
             continue
         ended = float(obj.get("finished") or 0) if obj.get("state") == "done" else float(obj.get("deadline") or 0)
@@ -329,199 +299,5 @@ def _expire_markers(store: Store, now: float, ttl: float) -> None:
             store.delete(m.key)
 
 
-def sweep_markers(store: Store, since: float | None = None) -> Iterator[dict]:
-    """Sweep markers (with their ``key``); with ``since``, only sweeps that may have been
-    deleting at or after ``since`` (the key carries the sweep's hard deadline)."""
-    for m in list(store.list(SWEEPS)):
-        if since is not None:
-            stamp = m.key[len(SWEEPS):].split("-", 1)[0]
-            if stamp.isdigit() and int(stamp) / 1000 + 2 * CLOCK_SKEW_S < since:
-                continue
-        obj = _load_json(store, m.key)
-        if obj is not None:
-            obj["key"] = m.key
-            yield obj
-
-
-# -- the save side ------------------------------------------------------------------------
-class _Knowledge:
-    """Per ChunkStore: since when its cached chunk-existence knowledge may date."""
-
-    def __init__(self, since: float) -> None:
-        self.since = since
-        self.lock = threading.Lock()
-
-
-_knowledge: weakref.WeakKeyDictionary[ChunkStore, _Knowledge] = weakref.WeakKeyDictionary()
-_knowledge_lock = threading.Lock()
-#: saves re-check every chunk when their knowledge is older than this (markers may have expired)
-KNOWLEDGE_MAX_AGE_S = 86400.0
-
-
-_fast: weakref.WeakKeyDictionary[Store, Store] = weakref.WeakKeyDictionary()
-
-
-def _lease_store(store: Store) -> Store:
-    """Where lease objects are written: a lease needs to be *visible* to sweeps, not durable
-    (after a crash the save either committed - the manifest protects its chunks - or did not),
-    so a local store writes them without fsync (0.2 ms instead of a few ms per save)."""
-    from ..store.local import LocalStore
-
-    if not isinstance(store, LocalStore) or not store.fsync:
-        return store
-    with _knowledge_lock:
-        fast = _fast.get(store)
-        if fast is None:
-            fast = _fast[store] = LocalStore(store.root, fsync=False)
-        return fast
-
-
-def _gc_stores(store: Store) -> tuple[list[Store], list[Store]]:
-    """(stores to lease in and watch for sweeps, stores whose lease is dropped at commit)."""
-    fn = getattr(store, "gc_stores", None)
-    if fn is None:
-        return [store], [store]
-    return fn()
-
-
-def _relevant(markers: list[dict], since: float, now: float) -> list[dict]:
-    out = []
-    for m in markers:
-        if m.get("state") == "running" and now <= float(m.get("deadline") or 0) + CLOCK_SKEW_S:
-            out.append(m)
-        elif float(m.get("finished") or m.get("deadline") or 0) >= since - CLOCK_SKEW_S:
-            out.append(m)
-    return out
-
-
-@contextmanager
-def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
-                 pieces: dict[str, memoryview] | None, started: float,
-                 poll_s: float = 0.2) -> Iterator[mf.Manifest]:
-    """Protect ``manifest``'s chunks from concurrent sweeps while it is committed.
-
-    ``pieces`` maps tensor names to the raw bytes that were saved (to write back chunks a
-    sweep removed); ``started`` is when the save began. Commit inside the ``with`` block.
-    """
-    stores, release_now = _gc_stores(store)
-    keys = sorted(mf.manifest_chunk_keys(manifest, chunks.prefix))
-    lease_key = f"{LEASES}{manifest.job}-{manifest.step:012d}-{uuid.uuid4().hex[:12]}.json"
-
-    def write_lease() -> float:
-        t = time.time()
-        body = {"job": manifest.job, "step": manifest.step, "created": t, "expires": t + LEASE_EXPIRES_S,
-                "chunks": keys}
-        for s in stores:
-            _put_json(_lease_store(s), lease_key, body)
-        return t
-
-    first = written = write_lease()  # (a)
-    ok = False
-    try:
-        with _knowledge_lock:
-            know = _knowledge.setdefault(chunks, _Knowledge(started))
-        with know.lock:
-            renewed = False
-            while True:
-                # after a renewal: any sweep since the first lease may have judged it expired
-                since = min(know.since, first) if renewed else know.since
-                now = time.time()
-                markers = [m for s in stores for m in sweep_markers(s, since - CLOCK_SKEW_S)]  # (b)
-                relevant = _relevant(markers, since, now)
-                if renewed or relevant or now - know.since > KNOWLEDGE_MAX_AGE_S:
-                    _wait_for(stores, {m["key"] for m in relevant if m.get("state") == "running"}, poll_s)  # (c)
-                    forgotten_at = time.time()
-                    chunks.forget()
-                    restored = _ensure_chunks(chunks, manifest, pieces)
-                    if restored:
-                        log.warning("checkpoint %s step %d: a concurrent gc sweep removed %d reused chunks; "
-                                    "wrote them again", manifest.job, manifest.step, restored)
-                    know.since = forgotten_at
-                if time.time() - written <= LEASE_RENEW_S:
-                    break
-                # waited long: a sweep with a short lease_ttl may stop honouring the lease; write it
-                # again, then re-check against every sweep since the first write
-                written, renewed = write_lease(), True
-        yield manifest  # (d) the caller commits
-        ok = True
-    finally:
-        for s in (release_now if ok else stores):  # (e)
-            try:
-                s.delete(lease_key)
-            except TrainstoreError as exc:  # an orphan lease only delays gc until it expires
-                log.warning("could not drop gc lease %s: %s", lease_key, exc)
-
-
-def _wait_for(stores: list[Store], running: set[str], poll_s: float) -> None:
-    while running:
-        still = set()
-        now = time.time()
-        for key in running:  # re-read just these markers (deleted = done)
-            for s in stores:
-                m = _load_json(s, key)
-                if m is not None and m.get("state") == "running" \
-                        and now <= float(m.get("deadline") or 0) + CLOCK_SKEW_S:
-                    if writer_dead(m):  # its process died: it deletes nothing more
-                        log.info("gc sweep %s was left running by dead process %s on this host; "
-                                 "not waiting for its deadline", key, m.get("pid"))
-                        continue
-                    still.add(key)
-        running = still
-        if running:
-            time.sleep(poll_s)
-
-
-def _ensure_chunks(chunks: ChunkStore, manifest: mf.Manifest, pieces: dict[str, memoryview] | None) -> int:
-    """HEAD every chunk of ``manifest``; write back missing ones from ``pieces``. Returns count."""
-    entries = []
-    for name, t in manifest.tensors.items():
-        pos = 0
-        for piece in t.chunks:
-            entries.append((name, pos, piece))
-            pos += piece.size
-
-    def exists(ref: ChunkRef) -> bool:
-        try:
-            chunks.store.head(ref.key(chunks.prefix))
-            return True
-        except NotFoundError:
-            return False
-
-    restored = 0
-    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainstore-gc-check") as pool:
-        found = list(pool.map(lambda e: tuple(exists(r) for r in e[2].refs()), entries))
-    for (name, pos, piece), here in zip(entries, found):
-        if all(here):
-            continue
-        raw = None if pieces is None or name not in pieces else memoryview(pieces[name]).cast("B")[pos:pos + piece.size]
-        if raw is None or raw.nbytes != piece.size:
-            raise IntegrityError(f"checkpoint {manifest.job} step {manifest.step}: chunk(s) of tensor {name!r} were "
-                                 "deleted by a concurrent gc sweep and the saved bytes are not available to rewrite")
-        restored += sum(1 for h in here if not h)
-        _rewrite(chunks, piece, raw, here)
-    return restored
-
-
-def _put_exact(chunks: ChunkStore, ref: ChunkRef, data: memoryview) -> None:
-    got = chunks.put(data, ref.codec, ref.itemsize, digest=ref.hash).ref
-    if got != ref:
-        raise IntegrityError(f"rewriting chunk {ref.key(chunks.prefix)} gave {got.stored} stored bytes, "
-                             f"the manifest records {ref.stored}")
-
-
-def _rewrite(chunks: ChunkStore, piece: mf.ChunkEntry, raw: memoryview, here: tuple[bool, ...]) -> None:
-    if piece.base is None:  # plain or same-as-base: the chunk is the raw piece
-        _put_exact(chunks, piece.ref, raw)
-        return
-    delta_ok, base_ok = here
-    a = np.frombuffer(raw, dtype=np.uint8)
-    if not delta_ok and not base_ok:
-        raise IntegrityError(f"both the delta {piece.ref.key(chunks.prefix)} and its base chunk were deleted")
-    other = piece.base if base_ok else piece.ref
-    other_raw = np.frombuffer(memoryview(chunks.get(other)).cast("B"), dtype=np.uint8)
-    missing = piece.ref if base_ok else piece.base
-    _put_exact(chunks, missing, memoryview(np.bitwise_xor(a, other_raw)))
-
-
-__all__ = ["GcOptions", "GcReport", "collect_garbage", "commit_lease", "lease_expiry", "live_leases",
-           "referenced_chunks", "sweep_markers", "LEASES", "LEASE_RENEW_S", "MIN_LEASE_TTL_S", "SWEEPS"]
+__all__ = ["GcOptions", "GcReport", "collect_garbage", "lease_expiry", "live_leases", "referenced_chunks",
+           "sweep_markers", "LEASES", "LEASE_RENEW_S", "MIN_LEASE_TTL_S", "SWEEPS"]

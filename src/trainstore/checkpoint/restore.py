@@ -1,0 +1,124 @@
+"""Which checkpoint a restore loads: candidates in order, skipping (and recording) bad ones.
+
+``restore_first(...)`` walks the candidates - the asked step, the best by a metric, or the
+newest first - and returns the first one that loads and verifies. Only an integrity failure
+(``IntegrityError``: a corrupt, undecodable or missing chunk, an unreadable manifest, a
+missing base) skips a candidate and records it as bad; any other error (store unreachable,
+I/O error, out of memory, a target that does not match) is raised and leaves no record, so
+the checkpoint stays restorable. Loading itself is the save backend's (``backend``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..chunks import ChunkStore
+from ..errors import (
+    ConfigError,
+    IntegrityError,
+    ManifestError,
+    NoCheckpointError,
+    NotFoundError,
+)
+from . import manifest as mf
+from .manifest import Manifest
+from .verify import record as record_verify
+
+log = logging.getLogger("trainstore.checkpoint")
+
+
+def restore_first(chunks: ChunkStore, job: str, load: Callable[[Manifest], Any], step: int | None,
+                  best: str | None, mode: str, retry_bad: bool,
+                  skipped: list[tuple[int, str]]) -> tuple[Manifest, str, Any] | None:
+    """(manifest, why it was chosen, state) of the first candidate that restores, or None
+    when none could be (every candidate is then in ``skipped``, with the reason); raises
+    ``NoCheckpointError`` when ``job`` has no checkpoint at all."""
+    store = chunks.store
+    if step is not None and best is not None:
+        raise ConfigError("pass either step= or best=, not both")
+    if mode not in ("min", "max"):
+        raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+    if step is not None:
+        mf.check_step(step)
+        if not store.exists(mf.manifest_key(job, step)):
+            raise NotFoundError(f"no checkpoint step {step} for job {job!r} in {store.url} "
+                                f"(committed: {mf.list_steps(store, job)[-10:]})")
+        order = [(step, f"step {step} was asked for")]
+        retry_bad = True
+    else:
+        steps = mf.list_steps(store, job)
+        if not steps:
+            raise NoCheckpointError(f"job {job!r} has no checkpoints in {store.url}")
+        order = best_order(store, job, steps, best, mode, skipped) if best is not None \
+            else [(s, "newest checkpoint that verifies") for s in reversed(steps)]
+    for s, why in order:
+        if not retry_bad:
+            rec = mf.load_verify_record(store, job, s)
+            if rec is not None and not rec.ok:
+                reason = f"verification recorded it as bad: {'; '.join(rec.errors[:2])}"
+                skipped.append((s, reason))
+                log.warning("restore: skipping step %d of job %r: %s", s, job, reason)
+                continue
+        try:
+            m = mf.load_manifest(store, job, s)
+            check_base(store, m)
+            state = load(m)
+        except IntegrityError as exc:  # the checkpoint itself is bad: record it, try an older one
+            if step is not None:
+                raise
+            reason = f"{type(exc).__name__}: {exc}"
+            skipped.append((s, reason))
+            log.warning("restore: skipping step %d of job %r: %s", s, job, reason)
+            record_verify(chunks, job, mf.new_verify_record(s, False, [reason], 0))
+            continue
+        except NotFoundError:
+            if step is not None or store.exists(mf.manifest_key(job, s)):
+                raise
+            skipped.append((s, "deleted while restoring"))  # e.g. by retention: not bad
+            continue
+        if skipped and why.startswith("newest"):
+            why = f"newest checkpoint that verifies ({len(skipped)} newer skipped)"
+        return m, why, state
+    return None
+
+
+def check_base(store: Any, m: Manifest) -> None:
+    """An incremental's base must exist and be full: else the incremental is bad (ManifestError)."""
+    if m.kind == "incremental":
+        try:
+            base = mf.load_manifest(store, m.job, m.base_step)  # type: ignore[arg-type]
+        except NotFoundError:
+            raise ManifestError(f"base full checkpoint step {m.base_step} of incremental step {m.step} "
+                                "is missing") from None
+        if base.kind != "full":
+            raise ManifestError(f"base step {m.base_step} of step {m.step} is not a full checkpoint")
+
+
+def best_order(store: Any, job: str, steps: list[int], metric: str, mode: str,
+               skipped: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Steps ordered best first by ``metric`` (``mode`` "min" or "max"), newest first on ties."""
+    scored, seen = [], set()
+    for s in steps:
+        try:
+            m = mf.load_manifest(store, job, s)
+        except IntegrityError as exc:
+            skipped.append((s, f"unreadable manifest: {exc}"))
+            continue
+        except NotFoundError:
+            if store.exists(mf.manifest_key(job, s)):
+                raise
+            continue  # deleted since it was listed
+        seen.update(m.metrics)
+        v = m.metrics.get(metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            scored.append((v, s))
+    if not scored:
+        raise ConfigError(f"no checkpoint of job {job!r} records metric {metric!r}; "
+                          f"metrics recorded: {sorted(seen) or 'none'}")
+    scored.sort(key=lambda p: (p[0] if mode == "min" else -p[0], -p[1]))
+    return [(s, f"best {metric}={v} ({mode})") for v, s in scored]
+
+
+__all__ = ["best_order", "check_base", "restore_first"]

@@ -1,0 +1,159 @@
+"""The single-process save backend: this process writes every tensor of the checkpoint.
+
+``stage`` flattens the state (rejecting what would need pickle) and copies it into a
+reusable host arena (``staging``); ``write`` (the manager's save thread) writes the chunks
+(``writer``: shared byte budget, dedup, XOR deltas against the base full checkpoint),
+takes the GC lease (``lease``) and commits the manifest last. The arena of the latest full
+checkpoint is kept as the base for the following incrementals' deltas, so an incremental
+never reads the store. See ``backend`` for the call order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import AlreadyExistsError, TrainstoreError
+from . import lease, manifest as mf
+from .backend import SaveBackend, SaveContext
+from .manifest import ChunkEntry, Manifest
+from .reader import load_into, load_state
+from .staging import Arena, StagedTensor, Stager, plan
+from .state import flatten
+from .types import CheckpointInfo
+from .writer import WriteStats, write_tensors
+
+log = logging.getLogger("trainstore.checkpoint")
+
+
+class SingleProcessBackend(SaveBackend):
+    """Saves and loads whole checkpoints in this process (see module docstring)."""
+
+    def __init__(self, ctx: SaveContext) -> None:
+        super().__init__(ctx)
+        self.stager = Stager(ctx.pin_memory)
+        self._base: Manifest | None = None  # last full checkpoint committed through this backend
+        self._base_views: dict[str, memoryview] | None = None
+        self._base_arena: Arena | None = None
+
+    def check_free(self, step: int) -> None:
+        fast = self.ctx.store.tiers()[0]  # remote tiers are asked on the save thread (write)
+        if fast.capabilities.local and fast.exists(mf.manifest_key(self.ctx.job, step)):
+            raise AlreadyExistsError(f"checkpoint step {step} of job {self.ctx.job!r} already exists in {fast.url}")
+
+    def stage(self, state: Any) -> tuple[Any, list[StagedTensor], Arena]:
+        skeleton, leaves = flatten(state)
+        _offsets, total = plan(leaves)
+        arena = self.stager.acquire(total)
+        try:
+            staged = self.stager.stage(leaves, arena)
+        except BaseException:
+            self.stager.release(arena)
+            raise
+        return skeleton, staged, arena  # the live tensors may change from here on
+
+    def write(self, step: int, kind: str, staged: tuple[Any, list[StagedTensor], Arena],
+              metadata: dict) -> CheckpointInfo:
+        ctx = self.ctx
+        skeleton, tensors, arena = staged
+        keep_arena = False
+        started = time.time()
+        try:
+            if ctx.store.exists(mf.manifest_key(ctx.job, step)):
+                raise AlreadyExistsError(f"checkpoint step {step} of job {ctx.job!r} already exists in {ctx.store.url}")
+            base = self._base_for(kind, step)
+            if kind == "incremental" and base is None:
+                log.info("step %d: no full checkpoint to diff against, saving a full checkpoint", step)
+                kind = "full"
+            lookup = self._lookup(base) if base is not None else None
+            entries, stats = write_tensors(ctx.chunks, tensors, ctx.options, lookup)
+            m = Manifest(job=ctx.job, step=step, kind=kind, tensors=entries, skeleton=skeleton,
+                         base_step=base.step if base is not None else None, chunk_bytes=ctx.options.chunk_bytes,
+                         metadata=metadata, logical_bytes=stats.logical_bytes, stored_bytes=stats.stored_bytes,
+                         written_bytes=stats.written_bytes)
+            # gc-safe commit: a lease on m's chunks, re-checked against concurrent gc sweeps
+            with lease.commit_lease(ctx.store, ctx.chunks, m, {t.name: t.data for t in tensors}, started):
+                mf.commit_manifest(ctx.store, m)  # last: the checkpoint exists from here on
+            _log_saved(m, stats)
+            ctx.notify("save_committed", step=step, kind=kind, seconds=time.time() - started,
+                       since_created=time.time() - float(metadata["created"]), logical_bytes=stats.logical_bytes,
+                       stored_bytes=stats.stored_bytes, written_bytes=stats.written_bytes, pieces=stats.pieces,
+                       same_as_base=stats.same_as_base, deltas=stats.deltas)
+            if kind == "full":
+                if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every:
+                    self._set_base(m, {t.name: t.data for t in tensors}, arena)
+                    keep_arena = True
+                else:
+                    self._set_base(m, None, None)
+            return CheckpointInfo.from_manifest(m, durable=len(ctx.store.tiers()) == 1)  # tiered: copy pending
+        finally:
+            if not keep_arena:
+                self.stager.release(arena)
+
+    def load(self, manifest: Manifest, into: Any, scratch_bytes: int) -> Any:
+        if into is None:
+            return load_state(self.ctx.chunks, manifest, self.ctx.read_workers)
+        return load_into(self.ctx.chunks, manifest, into, self.ctx.read_workers, scratch_bytes)
+
+    def close(self) -> None:
+        self._base_views = None
+        self._base_arena = None
+
+    # -- incrementals ------------------------------------------------------------------------
+    def _base_for(self, kind: str, step: int) -> Manifest | None:
+        """The full checkpoint an incremental ``step`` diffs against (save thread: it may ask
+        remote tiers). Only a base in the store's write view counts (not one only in an
+        archive), so the incremental never needs the archive to become durable."""
+        if kind != "incremental":
+            return None
+        live = self.ctx.store.write_view()
+        if self._base is not None and self._base.step < step and live.exists(self._base.key):
+            return self._base
+        # a fresh process (or the base was deleted): the newest full checkpoint before step
+        for s in reversed(mf.list_steps(live, self.ctx.job)):
+            if s >= step:
+                continue
+            try:
+                m = mf.load_manifest(live, self.ctx.job, s)
+            except TrainstoreError:
+                continue
+            if m.kind == "full":
+                self._set_base(m, None, None)
+                return m
+        return None
+
+    def _set_base(self, m: Manifest, views: dict[str, memoryview] | None, arena: Arena | None) -> None:
+        old = self._base_arena
+        self._base, self._base_views, self._base_arena = m, views, arena
+        if old is not None and old is not arena:
+            self.stager.release(old)
+
+    def _lookup(self, base: Manifest):  # noqa: ANN202 - see writer.BaseLookup
+        views = self._base_views if (self._base is base and self._base_views is not None) else None
+        chunk_bytes = base.chunk_bytes
+        if chunk_bytes != self.ctx.options.chunk_bytes:
+            return None
+        chunks = self.ctx.chunks
+
+        def lookup(name: str, dtype: str, idx: int, size: int) -> tuple[ChunkEntry, Callable[[], memoryview]] | None:
+            t = base.tensors.get(name)
+            if t is None or t.dtype != dtype or idx >= len(t.chunks) or t.chunks[idx].size != size:
+                return None
+            entry = t.chunks[idx]
+            if views is not None and name in views:
+                start = idx * chunk_bytes
+                return entry, lambda: views[name][start:start + size]
+            return entry, lambda: memoryview(chunks.get(entry.ref))
+
+        return lookup
+
+
+def _log_saved(m: Manifest, stats: WriteStats) -> None:
+    log.info("checkpoint %s step %d (%s): %d tensors, %.1f MB logical, %.1f MB stored, %.1f MB written, "
+             "%d/%d pieces same as base, %d deltas", m.job, m.step, m.kind, len(m.tensors), stats.logical_bytes / 1e6,
+             stats.stored_bytes / 1e6, stats.written_bytes / 1e6, stats.same_as_base, stats.pieces, stats.deltas)
+
+
+__all__ = ["SingleProcessBackend"]

@@ -1,0 +1,144 @@
+"""The DCP save backend: ``CheckpointManager`` inside a torch.distributed job.
+
+Registered as the ``dcp`` entry point of ``trainstore.save_backends``; the manager picks it
+(``checkpoint.backend.backend_name``) when torch.distributed runs more than one rank, and
+loads every manifest a DCP save wrote through it (also in a single process). Every rank
+copies its (sharded: DTensor / FSDP2, or plain per-rank) state to reusable host buffers -
+the only part on the training loop's clock - and the manager's save thread runs
+``dcp.save`` with a ``trainstore.dcp.StorageWriter`` over a dedicated gloo process group (so
+checkpoint collectives never interleave with the training's own). Incremental or full is
+decided once, by the coordinator; ``on_busy`` is agreed by all ranks; a failure is raised on
+every rank, naming the failing rank. Hooks (retention, GC, tiering) run on the coordinator
+only. Loading runs ``dcp.load`` (with the process group when distributed).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from ..checkpoint import manifest as mf
+from ..checkpoint.backend import SaveBackend, SaveContext, distributed_job
+from ..checkpoint.staging import Stager
+from ..checkpoint.types import CheckpointInfo
+from ..errors import (
+    AlreadyExistsError,
+    ConfigError,
+    DistributedError,
+    StoreUnavailableError,
+    TrainstoreError,
+)
+from .coordination import describe_failure
+from .reader import StorageReader
+from .writer import BaseCache, StorageWriter
+
+log = logging.getLogger("trainstore.dcp")
+
+
+class DcpBackend(SaveBackend):
+    """Saves through ``dcp.save`` on every rank; one manifest per step (see module docstring)."""
+
+    collective = True
+
+    def __init__(self, ctx: SaveContext) -> None:
+        super().__init__(ctx)
+        self.stager = Stager()  # stage_state_dict: the host copy reused across saves
+        self.base_cache = BaseCache() if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every else None
+        self._groups: tuple[Any, Any] | None = None
+        self._coordinator = True  # until a save says otherwise (set_up_storage_writer)
+
+    @property
+    def runs_hooks(self) -> bool:
+        return self._coordinator
+
+    def _group(self, control: bool = False) -> Any:
+        """Gloo groups (created collectively, once): one for the DCP collectives of the save
+        thread, one for the caller thread's small agreements (``on_busy``, restore), so two
+        threads never issue collectives on the same group."""
+        if self._groups is None:
+            self._groups = (dist.new_group(backend="gloo"), dist.new_group(backend="gloo"))
+        return self._groups[1] if control else self._groups[0]
+
+    def check_state(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            raise ConfigError(f"a distributed checkpoint state must be a dict (DCP state_dict), "
+                              f"got {type(state).__name__}")
+
+    def agree_busy(self, busy_here: bool) -> bool:
+        flag = torch.tensor([1 if busy_here else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group(control=True))  # one decision for all ranks
+        return bool(flag.item())
+
+    def check_free(self, step: int) -> None:
+        store, job = self.ctx.store, self.ctx.job
+        if store.exists(mf.manifest_key(job, step)):
+            raise AlreadyExistsError(f"checkpoint step {step} of job {job!r} already exists in {store.url}")
+
+    def stage(self, state: Any) -> dict:
+        return self.stager.stage_state_dict(state)
+
+    def write(self, step: int, kind: str, staged: dict, metadata: dict) -> CheckpointInfo:
+        ctx = self.ctx
+        group = self._group()
+        writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
+                               base_cache=self.base_cache)
+        try:
+            dcp.save(staged, storage_writer=writer, checkpoint_id=step, process_group=group)
+            m = writer.last_manifest or mf.load_manifest(ctx.store, ctx.job, step)
+        except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+            raise DistributedError(f"distributed checkpoint step {step} of job {ctx.job!r} failed: "
+                                   f"{writer.failure_report(exc)}") from exc
+        self._coordinator = writer.is_coordinator
+        return CheckpointInfo.from_manifest(m)
+
+    def load(self, manifest: mf.Manifest, into: Any, scratch_bytes: int) -> Any:
+        """Load ``manifest`` into ``into`` (in place) or, without a target, as full tensors."""
+        distributed = distributed_job()
+        group = None
+        if distributed:  # the manager has settled its in-flight save: the save group is idle
+            group = self._group()
+            steps = torch.tensor([manifest.step, -manifest.step], dtype=torch.int64)
+            dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=self._group(control=True))
+            if steps[0].item() != -steps[1].item():  # never load different checkpoints on different ranks
+                raise ConfigError(f"ranks chose different checkpoints to restore (steps {-steps[1].item()}.."
+                                  f"{steps[0].item()}); was a save committed by another job while restoring?")
+        reader = StorageReader(self.ctx.store, self.ctx.job, manifest.step, workers=self.ctx.read_workers)
+        if into is not None and not isinstance(into, dict):
+            raise ConfigError(f"restore_into a distributed checkpoint needs a dict state, got {type(into).__name__}")
+        try:
+            if into is None:  # no target: every tensor whole (unsharded), as saved
+                return _load_state_dict_from_keys(None, storage_reader=reader, process_group=group)
+            dcp.load(into, storage_reader=reader, process_group=group, no_dist=not distributed)
+        except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+            raise _load_error(exc, manifest.step) from exc
+        return into
+
+
+def _load_error(exc: BaseException, step: int) -> BaseException:
+    """Map a DCP load failure to the manager's categories: a target mismatch (ConfigError, no
+    fallback), an unreachable store (raised), a bad checkpoint (fallback to an older one)."""
+    failures = getattr(exc, "failures", None)
+    errs = [p[0] for p in failures.values()] if isinstance(failures, dict) else [exc]
+    msg = f"loading distributed checkpoint step {step}: {describe_failure(exc)}"
+    for e in errs:
+        if isinstance(e, StoreUnavailableError):
+            return StoreUnavailableError(msg)
+    for e in errs:
+        if isinstance(e, TrainstoreError):
+            try:
+                return type(e)(msg)
+            except TypeError:
+                return DistributedError(msg)
+    if any(isinstance(e, getattr(dist, "DistError", ())) for e in errs):
+        return DistributedError(msg)
+    if all(isinstance(e, (RuntimeError, ValueError, KeyError, TypeError)) for e in errs):
+        return ConfigError(f"the target state does not match the checkpoint: {msg}")
+    return DistributedError(msg)
+
+
+__all__ = ["DcpBackend"]
