@@ -43,7 +43,7 @@ def ls(url: str, job: str | None = typer.Option(None, "--job", "-j", help="job n
        allow_http: bool | None = HttpOpt) -> None:
     """List jobs of a store, or the checkpoints of one job."""
     if job is None:
-        jobs = mf.list_jobs(open_store(url, **store_options(endpoint, region, allow_http)))
+        jobs = mf.list_jobs(open_store(url, **store_options(endpoint, region, allow_http)).with_read_only())
         if json_out:
             emit_json(jobs)
         else:
@@ -72,7 +72,7 @@ def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None
          help="default: the newest"), json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
          region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
     """Show one checkpoint: metadata, sizes and its tensors."""
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = open_store(url, **store_options(endpoint, region, allow_http)).with_read_only()
     if step is None:
         steps = mf.list_steps(store, job)
         if not steps:
