@@ -52,7 +52,7 @@ def test_dedup_whole_row_and_by_key_across_shards(tmp_path, cfg):
     by_key = clean(store, "raw@1", dedup=["k"], output="raw.bykey", config=cfg)
     assert _rows(store, by_key) == [recs[i] for i in range(5)]  # first occurrence, input order
     assert by_key.extra["duplicates"] == 25 and by_key.parents == ("raw@1",)
-    assert by_key.operation == "clean" and by_key.config_hash and by_key.code_version
+    assert by_key.operation == "clean" and by_key.config_hash and by_key.trainstore_version
 
 
 def test_missing_values_drop_and_fill(tmp_path, cfg):

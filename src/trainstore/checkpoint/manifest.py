@@ -25,7 +25,9 @@ Manifest JSON (``format: "trainstore.checkpoint/1"``)::
       },
       "skeleton": <JSON tree of the state; tensors appear as {"$tensor": "<name>"}>,
       "metadata": {"config": {...}, "metrics": {...}, "created": <unix time>,
-                   "code_version": "git:<sha>[-dirty]" | null, "extra": {...}},
+                   "code_version": "git:<sha>[-dirty]" | null,   # the user's code
+                   "trainstore_version": "git:<describe>" | "trainstore <version>",  # absent before 0.1
+                   "extra": {...}},
       "logical_bytes": raw tensor bytes, "stored_bytes": bytes of the chunks this checkpoint
       owns (not counting base chunks it references), "written_bytes": bytes this save wrote
     }

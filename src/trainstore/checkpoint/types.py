@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,8 +76,9 @@ class CheckpointInfo:
     status: str  # "unverified" | "ok" | "bad" | "unreadable"
     verified_at: float | None = None
     errors: tuple[str, ...] = ()
-    code_version: str | None = None
+    code_version: str | None = None  # the user's code (provenance.code_version)
     durable: bool = True
+    trainstore_version: str | None = None  # the library that wrote it (provenance.trainstore_version)
 
     @classmethod
     def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None, durable: bool = True) -> CheckpointInfo:
@@ -86,7 +86,7 @@ class CheckpointInfo:
         return cls(m.step, m.kind, m.base_step, m.created, m.metrics, m.config, m.logical_bytes,
                    m.stored_bytes, m.written_bytes, len(m.tensors), status,
                    rec.checked_at if rec else None, rec.errors if rec else (),
-                   m.metadata.get("code_version"), durable)
+                   m.metadata.get("code_version"), durable, m.metadata.get("trainstore_version"))
 
 
 @dataclass
@@ -138,17 +138,4 @@ class SaveHandle:
         return f"SaveHandle(step={self.step}, kind={self.kind!r}, {state})"
 
 
-def code_version(path: str | None = None) -> str | None:
-    """``git:<sha>[-dirty]`` of the working directory, or None outside git."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=5)
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
-                               capture_output=True, text=True, timeout=5)
-        return f"git:{sha.stdout.strip()}" + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-__all__ = ["CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle", "code_version", "ON_BUSY"]
+__all__ = ["CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle", "ON_BUSY"]

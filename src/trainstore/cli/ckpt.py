@@ -91,8 +91,10 @@ def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None
         return
     console.print(f"[bold]{m.job}[/bold] step {m.step} ({m.kind}{'' if m.base_step is None else f', base {m.base_step}'})")
     console.print(f"logical {m.logical_bytes:,} B, stored {m.stored_bytes:,} B, written {m.written_bytes:,} B")
-    console.print(f"metrics {m.metrics}  code {m.metadata.get('code_version')}  verify "
+    console.print(f"metrics {m.metrics}  verify "
                   f"{'never' if rec is None else ('ok' if rec.ok else 'BAD: ' + '; '.join(rec.errors[:2]))}")
+    console.print(f"code {m.metadata.get('code_version')}, trainstore {m.metadata.get('trainstore_version')}",
+                  soft_wrap=True, highlight=False)
     table = Table("tensor", "dtype", "shape", "bytes", "chunks", "same", "deltas")
     for t in tensors:
         table.add_row(t["name"], t["dtype"], str(t["shape"]), f"{t['bytes']:,}", str(t["chunks"]),

@@ -211,8 +211,8 @@ def show(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = En
         emit_json(_version_json(v))
         return
     console.print(f"[bold]{v.id}[/bold] {v.layout}, {v.rows:,} rows, {v.bytes:,} bytes, {len(v.shards)} shards")
-    console.print(f"operation {v.operation}, parents {', '.join(v.parents) or '-'}, config {v.config_hash[:16]}, "
-                  f"code {v.code_version}")
+    console.print(f"operation {v.operation}, parents {', '.join(v.parents) or '-'}, config {v.config_hash[:16]}")
+    console.print(f"code {v.code_version}, trainstore {v.trainstore_version}", soft_wrap=True, highlight=False)
     schema = Table("column", "type", "nullable")
     for f in v.schema:
         schema.add_row(f.name, str(f.type), str(f.nullable))
@@ -232,14 +232,15 @@ def lineage(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None =
 
     store = open_store(url, **store_options(endpoint, region, allow_http))
     chain = [{"id": v.id, "operation": v.operation, "parents": list(v.parents), "config_hash": v.config_hash,
-              "config": v.config, "code_version": v.code_version, "rows": v.rows} for v in iter_lineage(store, ref)]
+              "config": v.config, "code_version": v.code_version,
+              "trainstore_version": v.trainstore_version, "rows": v.rows} for v in iter_lineage(store, ref)]
     if json_out:
         emit_json(chain)
         return
-    table = Table("version", "operation", "parents", "config hash", "code", "rows")
+    table = Table("version", "operation", "parents", "config hash", "code", "trainstore", "rows")
     for c in chain:
         table.add_row(c["id"], c["operation"], ", ".join(c["parents"]), c["config_hash"][:16],
-                      str(c["code_version"]), f"{c['rows']:,}")
+                      str(c["code_version"]), str(c["trainstore_version"]), f"{c['rows']:,}")
     console.print(table)
 
 

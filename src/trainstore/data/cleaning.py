@@ -33,10 +33,11 @@ import pyarrow.parquet as pq
 
 from ..chunks import content_hash
 from ..errors import AlreadyExistsError, ConfigError, SchemaError
+from ..provenance import code_version, trainstore_version
 from ..store import Store, open_store
 from .clean_sql import DROP, drop_expr, ident, plan_columns, reason_expr
 from .leases import run_lease
-from .lineage import code_version, config_hash
+from .lineage import config_hash
 from .shardio import DEFAULT_CACHE_BYTES, default_cache_dir, local_shard, verify_local_file
 from .versions import (
     DatasetVersion,
@@ -195,7 +196,7 @@ def clean(
             qversion = _commit(store, DatasetVersion(
                 name=f"{out_name}.quarantine", version=0, layout="parquet", schema=counts["quarantine_schema"],
                 shards=tuple(counts["quarantine_shards"]), parents=(source.id,), operation="clean-quarantine",
-                config=cfg, config_hash=digest, code_version=code_version(), extra={"rows_of": out_name}))
+                config=cfg, config_hash=digest, code_version=code_version(), trainstore_version=trainstore_version(), extra={"rows_of": out_name}))
             quarantine_ref = qversion.id
         for k in ("quarantine_shards", "quarantine_schema"):
             counts.pop(k)
@@ -203,7 +204,7 @@ def clean(
         return _commit(store, DatasetVersion(
             name=out_name, version=0, layout="parquet", schema=out_schema, shards=tuple(shards),
             parents=(source.id,), operation="clean", config=cfg, config_hash=digest,
-            code_version=code_version(), extra={**counts, "quarantine": quarantine_ref}))
+            code_version=code_version(), trainstore_version=trainstore_version(), extra={**counts, "quarantine": quarantine_ref}))
 
 
 @contextlib.contextmanager

@@ -61,6 +61,7 @@ from ..errors import (
     SchemaError,
     TrainstoreError,
 )
+from ..provenance import code_version, trainstore_version
 from ..store import Store, open_store
 from .ingest_journal import (
     PendingEntry,
@@ -72,7 +73,7 @@ from .ingest_journal import (
 )
 from .ingest_plan import is_blank, plan_commit, plan_files
 from .leases import ingest_lease
-from .lineage import SourcesIndex, code_version, config_hash
+from .lineage import SourcesIndex, config_hash
 from .records import conform, to_table
 from .sources import detect_format, read_file
 from .versions import (
@@ -547,7 +548,7 @@ class Ingestor:
                 operation="ingest",
                 config=cfg,
                 config_hash=config_hash(cfg),
-                code_version=code_version(),
+                code_version=code_version(), trainstore_version=trainstore_version(),
                 extra={"added_shards": len(plan.fresh), "added_rows": sum(s.rows for s in plan.fresh),
                        **(extra or {})},
                 sources=plan.sources,

@@ -35,11 +35,12 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import AlreadyExistsError, ConfigError, SchemaError, TransformError
+from ..provenance import code_version, trainstore_version
 from ..store import Store, open_store
 from .engines import run_tasks
 from .fn_identity import fn_fingerprint, fn_name, importable_ref, library_versions, ship_fn
 from .leases import run_lease, wait_for_data_sweeps
-from .lineage import code_version, config_hash
+from .lineage import config_hash
 from .shardio import verify_local_file
 from .transform_shard import ShardTask, portable, read_marker, resolve_fn, run_prefixes, task_keys
 from .versions import (
@@ -200,7 +201,7 @@ def _commit(store: Store, source: DatasetVersion, out_name: str, tasks: list[Sha
         version = DatasetVersion(
             name=out_name, version=next_version(store, out_name), layout="arrow-ipc", schema=schema,
             shards=tuple(info for info, _ in ordered), parents=(source.id,), operation="transform",
-            config=cfg, config_hash=digest, code_version=code_version(),
+            config=cfg, config_hash=digest, code_version=code_version(), trainstore_version=trainstore_version(),
             extra={"columns": column_info(schema), "engine": config.engine, "workers": config.workers,
                    "resumed_shards": skipped},
         )

@@ -108,7 +108,8 @@ class DatasetVersion:
     operation: str = "ingest"
     config: dict[str, Any] = field(default_factory=dict)
     config_hash: str = ""
-    code_version: str | None = None
+    code_version: str | None = None  # the user's code (provenance.code_version)
+    trainstore_version: str | None = None  # the library that wrote it (provenance.trainstore_version)
     created: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     sources: tuple[SourceFile, ...] = ()  # files this version added (ingest)
@@ -140,6 +141,7 @@ class DatasetVersion:
             "config": self.config,
             "config_hash": self.config_hash,
             "code_version": self.code_version,
+            "trainstore_version": self.trainstore_version,
             "created": self.created,
             "extra": self.extra,
             "sources": [asdict(s) for s in self.sources],
@@ -179,7 +181,9 @@ class DatasetVersion:
                 operation=str(obj.get("operation", "")),
                 config=dict(obj.get("config", {})),
                 config_hash=str(obj.get("config_hash", "")),
-                code_version=obj.get("code_version"),
+                # a manifest older than trainstore_version: its code_version named trainstore's own
+                code_version=obj.get("code_version") if "trainstore_version" in obj else None,
+                trainstore_version=obj.get("trainstore_version", obj.get("code_version")),
                 created=float(obj.get("created", 0.0)),
                 extra=dict(obj.get("extra", {})),
                 sources=tuple(_source(s, where) for s in obj.get("sources", [])),
