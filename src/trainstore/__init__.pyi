@@ -7,7 +7,7 @@ from .store import open_store as open_store
 
 __version__: str
 
-from .cache import HotCache as HotCache
+from .nodecache import NodeCache as NodeCache
 from .checkpoint import (
     CheckpointInfo as CheckpointInfo,
     CheckpointManager as CheckpointManager,

@@ -8,7 +8,6 @@ either no object or the whole one; stray temp files are never listed and are rem
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import stat
@@ -18,40 +17,15 @@ from collections.abc import Iterator, Sequence
 
 from ..errors import (
     AlreadyExistsError,
-    CapacityError,
     ConfigError,
     IntegrityError,
     InvalidKeyError,
     NotFoundError,
-    StoreError,
 )
+from ..fileio import fsync_dir, io_error, unlink_quietly, write_all
 from .base import Buffer, ObjectMeta, Store, StoreCapabilities, validate_key, validate_prefix
 
 TEMP_PREFIX = ".tmp."
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory, so entries created or renamed in it survive a crash."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_all(fd: int, data: Buffer) -> None:
-    """Write every byte of ``data`` to ``fd`` (os.write may write less than asked)."""
-    view = memoryview(data).cast("B")
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def io_error(exc: OSError, what: str) -> StoreError:
-    """Translate an OSError into the hierarchy, naming ``what`` failed."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # EFBIG: a file-size limit
-        return CapacityError(f"no space left while {what}: {exc}")
-    return StoreError(f"I/O error while {what}: {exc}")
 
 
 class LocalStore(Store):
@@ -140,7 +114,7 @@ class LocalStore(Store):
                 os.fsync(fd)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         os.close(fd)
         return tmp
@@ -216,7 +190,7 @@ class LocalStore(Store):
             try:
                 os.replace(tmp, path)
             except BaseException:
-                _unlink_quietly(tmp)
+                unlink_quietly(tmp)
                 raise
             if self.fsync:
                 fsync_dir(os.path.dirname(path))
@@ -241,7 +215,7 @@ class LocalStore(Store):
         except OSError as exc:
             raise io_error(exc, f"committing {key!r} to {self.url}") from exc
         finally:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
         try:
             if self.fsync:
                 fsync_dir(os.path.dirname(path))
@@ -312,11 +286,4 @@ class LocalStore(Store):
         return removed
 
 
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-__all__ = ["LocalStore", "TEMP_PREFIX", "io_error"]
+__all__ = ["LocalStore", "TEMP_PREFIX"]

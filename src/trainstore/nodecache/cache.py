@@ -1,4 +1,7 @@
-"""The hot tier: a node-local, size-limited, read-through cache of durable-store objects.
+"""The node cache: a node-local, size-limited, read-through cache of durable-store objects.
+
+(Not the checkpoint *hot tier* - that is ``TieredStore``'s hot store, see
+``trainstore.store.tiered``. The node cache only ever holds copies of durable objects.)
 
 Objects are plain files under ``cache_dir`` so they can be memory-mapped. Several processes
 of one node may share one cache directory; coordination uses only the file system:
@@ -9,9 +12,6 @@ of one node may share one cache directory; coordination uses only the file syste
   non-blocking exclusive ``flock`` and skips any file it cannot lock, so a file in use is
   never removed. (The lock lives on the inode; a reader re-checks after locking that the path
   still names the inode it locked, so it never pins an evicted file.)
-* **local-only** (write-back) entries carry a marker file under ``pending/`` until they are
-  made durable (``flush`` / ``mark_durable``); eviction never touches them. The marker is a
-  file, not a lock, so it survives a crash of the writer.
 * **LRU**: each access stamps the file's atime explicitly (``os.utime``); eviction scans the
   directory under a global eviction lock and removes the least recently used unpinned files.
 
@@ -34,82 +34,23 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import filelock
 
-from .cache_files import (
-    TMP_PREFIX,
-    PinnedFile,
-    copy_file,
-    file_hash,
-    stamp,
-    unlink_quiet,
-    write_marker,
-)
-from .errors import CapacityError, ConfigError, IntegrityError, NotFoundError, StoreError
-from .store import Store, open_store, validate_key
-from .store.base import Buffer
-from .store.local import fsync_dir, write_all
+from ..errors import CapacityError, ConfigError, IntegrityError, NotFoundError, StoreError
+from ..fileio import unlink_quietly, write_all
+from ..store import Store, open_store, validate_key
+from .config import CacheConfig, CacheStats
+from .files import TMP_PREFIX, PinnedFile, copy_file, file_hash, stamp
 
 log = logging.getLogger(__name__)
 
-# Files this process has verified: path -> (inode, size, mtime_ns). Shared by every HotCache
+# Files this process has verified: path -> (inode, size, mtime_ns). Shared by every NodeCache
 # in the process, so a new cache object (a new Dataset, a new epoch) does not re-hash them.
 _VERIFIED: dict[str, tuple[int, int, int]] = {}
 
 
-@dataclass(frozen=True)
-class CacheConfig:
-    """How the hot tier behaves.
-
-    ``limit_bytes``: total bytes of cached files (pending write-back entries included).
-    ``verify_hits``: "once" re-hashes a cached file the first time this process uses it
-    (and again if its size or mtime changed), "always" on every pin, "never" trusts it.
-    ``capacity_wait_s``: how long a fill waits for pinned files to be released when nothing
-    can be evicted, before raising ``CapacityError`` (0 = fail at once).
-    ``fsync``: fsync filled files (a cache can always re-fetch, so off by default; write-back
-    entries are always fsynced, they may be the only copy).
-    """
-
-    limit_bytes: int
-    verify_hits: str = "once"
-    capacity_wait_s: float = 30.0
-    lock_timeout_s: float = 600.0
-    fsync: bool = False
-    stale_temp_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.limit_bytes, int) or self.limit_bytes <= 0:
-            raise ConfigError(f"cache limit_bytes must be a positive int, got {self.limit_bytes!r}")
-        if self.verify_hits not in ("once", "always", "never"):
-            raise ConfigError(f"verify_hits must be once|always|never, got {self.verify_hits!r}")
-        if self.capacity_wait_s < 0 or self.lock_timeout_s <= 0:
-            raise ConfigError("capacity_wait_s must be >= 0 and lock_timeout_s > 0")
-
-
-@dataclass
-class CacheStats:
-    """Counters of this process's use of the cache."""
-
-    hits: int = 0
-    misses: int = 0
-    bytes_fetched: int = 0
-    bytes_read_hits: int = 0
-    evictions: int = 0
-    bytes_evicted: int = 0
-    refetched_corrupt: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "hit_rate": self.hit_rate}
-
-
-class HotCache:
+class NodeCache:
     """Read-through local cache in front of ``durable_store`` (see module docstring)."""
 
     def __init__(
@@ -123,7 +64,7 @@ class HotCache:
     ) -> None:
         if config is None:
             if limit_bytes is None:
-                raise ConfigError("HotCache needs limit_bytes (or a CacheConfig)")
+                raise ConfigError("NodeCache needs limit_bytes (or a CacheConfig)")
             config = CacheConfig(limit_bytes=int(limit_bytes))
         elif limit_bytes is not None and limit_bytes != config.limit_bytes:
             raise ConfigError("pass limit_bytes either directly or in config, not both")
@@ -134,9 +75,8 @@ class HotCache:
         self.namespace = ns
         self._objects = os.path.join(self.root, "objects")
         self._obj_ns = os.path.join(self._objects, ns)
-        self._pending = os.path.join(self.root, "pending", ns)
         self._locks = os.path.join(self.root, "locks", ns)
-        for d in (self._obj_ns, self._pending, self._locks):
+        for d in (self._obj_ns, self._locks):
             os.makedirs(d, exist_ok=True)
         self._evict_lock_path = os.path.join(self.root, "evict.lock")
         self.stats = CacheStats()
@@ -156,9 +96,6 @@ class HotCache:
         if any(p.startswith(TMP_PREFIX) for p in parts):
             raise ConfigError(f"cache key segment may not start with {TMP_PREFIX!r}: {key!r}")
         return os.path.join(self._obj_ns, *parts)
-
-    def _marker(self, key: str) -> str:
-        return os.path.join(self._pending, hashlib.sha256(key.encode()).hexdigest())
 
     def _key_lock(self, key: str) -> filelock.FileLock:
         name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"
@@ -185,7 +122,7 @@ class HotCache:
             handle = self._fill(key, path, checksum, size, corrupt=corrupt)
             if handle is not None:
                 return handle
-        raise StoreError(f"could not pin {key!r} in the hot tier {self.root}: evicted repeatedly")
+        raise StoreError(f"could not pin {key!r} in the node cache {self.root}: evicted repeatedly")
 
     @contextlib.contextmanager
     def open(self, key: str, *, checksum: str | None = None, size: int | None = None) -> Iterator[str]:
@@ -208,64 +145,11 @@ class HotCache:
         """Fill ``key`` without keeping it pinned."""
         self.pin(key, checksum=checksum, size=size).close()
 
-    def put_local(self, key: str, data: Buffer) -> PinnedFile:
-        """Write a local-only (write-back) entry; never evicted until ``mark_durable``/``flush``."""
-        path = self.path_of(key)
-        view = memoryview(data).cast("B")
-        size = view.nbytes
-        if size > self.config.limit_bytes:
-            raise self._too_big(key, size)
-        with self._key_lock(key):
-            self._make_room(size, key)
-            fd, tmp = self._temp_in(path)
-            try:
-                write_all(fd, view)
-                os.fsync(fd)
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                write_marker(self._marker(key), key)
-                os.rename(tmp, path)
-                fsync_dir(os.path.dirname(path))
-            except BaseException:
-                os.close(fd)
-                unlink_quiet(tmp)
-                raise
-        return self._handle(key, path, fd, size)
-
-    def mark_durable(self, key: str) -> None:
-        """``key`` is now safe in the durable store: it may be evicted like any cached file."""
-        unlink_quiet(self._marker(key))
-
-    def is_local_only(self, key: str) -> bool:
-        return os.path.exists(self._marker(key))
-
-    def pending(self) -> list[str]:
-        """Keys of local-only entries in this namespace (from any process)."""
-        out = []
-        for entry in os.scandir(self._pending):
-            if entry.name.startswith(TMP_PREFIX):
-                continue
-            with contextlib.suppress(OSError), open(entry.path, encoding="utf-8") as f:
-                out.append(f.read())
-        return sorted(out)
-
-    def flush(self, key: str | None = None) -> list[str]:
-        """Upload local-only entries (one, or all) to the durable store, then mark them durable."""
-        keys = [key] if key is not None else self.pending()
-        done = []
-        for k in keys:
-            if not self.is_local_only(k):
-                continue
-            with open(self.path_of(k), "rb") as f:
-                self.store.put(k, f.read())
-            self.mark_durable(k)
-            done.append(k)
-        return done
-
     def evict(self, key: str) -> bool:
-        """Remove ``key`` now if it is neither in use nor local-only; True if removed."""
+        """Remove ``key`` now if it is not in use; True if removed."""
         path = self.path_of(key)
         with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
-            freed = self._evict_file(path, self._marker(key))
+            freed = self._evict_file(path)
         return freed > 0 or (freed == 0 and not os.path.exists(path))
 
     def usage(self) -> int:
@@ -275,12 +159,12 @@ class HotCache:
     def clear(self) -> int:
         """Evict everything evictable; returns bytes freed."""
         with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
-            return sum(max(0, self._evict_file(p, None)) for p, _s, _a in self._scan())
+            return sum(max(0, self._evict_file(p)) for p, _s, _a in self._scan())
 
     # -- internals ---------------------------------------------------------------------------
     def _too_big(self, key: str, size: int) -> CapacityError:
         return CapacityError(
-            f"object {key!r} is {size} bytes, larger than the hot-tier limit of "
+            f"object {key!r} is {size} bytes, larger than the node-cache limit of "
             f"{self.config.limit_bytes} bytes ({self.root}); raise the cache limit"
         )
 
@@ -360,7 +244,7 @@ class HotCache:
             if corrupt is not None:
                 with self._mu:
                     self.stats.refetched_corrupt += 1
-                log.warning("hot-tier copy of %s is corrupt; re-fetching from %s", key, self.store.url)
+                log.warning("node-cache copy of %s is corrupt; re-fetching from %s", key, self.store.url)
             if size is None:
                 size = self._object_size(key)
             if size > self.config.limit_bytes:
@@ -384,7 +268,7 @@ class HotCache:
                 os.rename(tmp, path)
             except BaseException:
                 os.close(fd)
-                unlink_quiet(tmp)
+                unlink_quietly(tmp)
                 raise
             st = os.fstat(fd)
             with self._mu:
@@ -442,12 +326,12 @@ class HotCache:
                     continue
                 if e.name.startswith(TMP_PREFIX):
                     if now - st.st_mtime > self.config.stale_temp_s:
-                        unlink_quiet(e.path)
+                        unlink_quietly(e.path)
                         continue
                 yield e.path, st.st_size, st.st_atime
 
     def _make_room(self, incoming: int, key: str) -> None:
-        """Evict LRU unpinned, durable files until ``incoming`` more bytes fit the limit."""
+        """Evict LRU unpinned files until ``incoming`` more bytes fit the limit."""
         deadline = time.monotonic() + self.config.capacity_wait_s
         limit = self.config.limit_bytes
         relieved = False
@@ -460,7 +344,7 @@ class HotCache:
                 for path, sz, _atime in sorted(files, key=lambda f: f[2]):
                     if os.path.basename(path).startswith(TMP_PREFIX):
                         continue
-                    freed = self._evict_file(path, self._marker_for_path(path))
+                    freed = self._evict_file(path)
                     if freed > 0:
                         used -= freed
                         if used + incoming <= limit:
@@ -472,26 +356,14 @@ class HotCache:
             relieved = False
             if time.monotonic() >= deadline:
                 raise CapacityError(
-                    f"hot tier {self.root} is full: {used} of {limit} bytes are in use or "
-                    f"local-only, and {key!r} needs {incoming} more; release pinned files, "
-                    "flush write-back entries or raise the limit"
+                    f"node cache {self.root} is full: {used} of {limit} bytes are in use, and "
+                    f"{key!r} needs {incoming} more; release pinned files or raise the limit"
                 )
             with self._mu:
                 self._space_freed.wait(timeout=0.05)
 
-    def _marker_for_path(self, path: str) -> str | None:
-        rel = os.path.relpath(path, self._objects).split(os.sep)
-        if len(rel) < 2:
-            return None
-        return os.path.join(self.root, "pending", rel[0],
-                            hashlib.sha256("/".join(rel[1:]).encode()).hexdigest())
-
-    def _evict_file(self, path: str, marker: str | None) -> int:
-        """Remove ``path`` if nobody uses it and it is not local-only; bytes freed, -1 if busy."""
-        if marker is None:
-            marker = self._marker_for_path(path)
-        if marker is not None and os.path.exists(marker):
-            return -1
+    def _evict_file(self, path: str) -> int:
+        """Remove ``path`` if nobody uses it; bytes freed, -1 if busy."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -520,7 +392,7 @@ class HotCache:
         return st.st_size
 
     def __repr__(self) -> str:
-        return f"HotCache({self.store.url!r}, {self.root!r}, limit={self.config.limit_bytes})"
+        return f"NodeCache({self.store.url!r}, {self.root!r}, limit={self.config.limit_bytes})"
 
 
-__all__ = ["CacheConfig", "CacheStats", "HotCache", "PinnedFile"]
+__all__ = ["NodeCache"]

@@ -1,16 +1,15 @@
-"""Files of the hot cache: pinned handles, and the helpers that copy, hash and mark them."""
+"""Files of the node cache: pinned handles, and the helpers that copy, hash and stamp them."""
 
 from __future__ import annotations
 
 import contextlib
 import mmap
 import os
-import secrets
 
 import blake3
 
-from .errors import ConfigError
-from .store.local import fsync_dir, write_all
+from ..errors import ConfigError
+from ..fileio import write_all
 
 #: Prefix of temp files in the cache directory (never served, removed at start-up).
 TMP_PREFIX = ".tmp."
@@ -87,25 +86,10 @@ def copy_file(src: int, dst: int) -> int:
     return total
 
 
-def write_marker(path: str, key: str) -> None:
-    tmp = os.path.join(os.path.dirname(path), f"{TMP_PREFIX}{secrets.token_hex(8)}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(key)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    fsync_dir(os.path.dirname(path))
-
-
 def stamp(fd: int) -> tuple[int, int, int]:
     """(inode, size, mtime) of an open file: tells one copy of a cached object from another."""
     st = os.fstat(fd)
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def unlink_quiet(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-__all__ = ["PinnedFile", "TMP_PREFIX", "copy_file", "file_hash", "stamp", "unlink_quiet", "write_marker"]
+__all__ = ["PinnedFile", "TMP_PREFIX", "copy_file", "file_hash", "stamp"]

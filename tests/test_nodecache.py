@@ -1,4 +1,4 @@
-"""HotCache: read-through, LRU eviction, pins, write-back, corruption, several processes."""
+"""NodeCache: read-through, LRU eviction, pins, corruption, several processes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 import pytest
 
 from trainstore import open_store
-from trainstore.cache import CacheConfig, HotCache
 from trainstore.chunks import content_hash
 from trainstore.errors import CapacityError, ConfigError, IntegrityError, NotFoundError
+from trainstore.nodecache import CacheConfig, NodeCache
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,7 +32,7 @@ def store(tmp_path):
 
 def test_read_through_hits_and_misses(store, tmp_path):
     objs = _fill_store(store, 3, 1000)
-    cache = HotCache(store, tmp_path / "hot", 10_000)
+    cache = NodeCache(store, tmp_path / "hot", 10_000)
     for key, data in objs.items():
         with cache.open(key) as path:
             assert open(path, "rb").read() == data
@@ -49,7 +49,7 @@ def test_read_through_hits_and_misses(store, tmp_path):
 
 def test_lru_eviction_order(store, tmp_path):
     objs = _fill_store(store, 4, 1000)
-    cache = HotCache(store, tmp_path / "hot", 3000)
+    cache = NodeCache(store, tmp_path / "hot", 3000)
     for key in ["obj/000", "obj/001", "obj/002"]:
         cache.prefetch(key)
         time.sleep(0.01)
@@ -64,7 +64,7 @@ def test_lru_eviction_order(store, tmp_path):
 
 def test_pinned_file_never_evicted(store, tmp_path):
     objs = _fill_store(store, 4, 1000)
-    cache = HotCache(store, tmp_path / "hot", config=CacheConfig(2000, capacity_wait_s=0.2))
+    cache = NodeCache(store, tmp_path / "hot", config=CacheConfig(2000, capacity_wait_s=0.2))
     a = cache.pin("obj/000")
     b = cache.pin("obj/001")
     with pytest.raises(CapacityError, match="obj/002"):
@@ -82,7 +82,7 @@ def test_release_from_other_thread_unblocks_fill(store, tmp_path):
     import threading
 
     _fill_store(store, 2, 1000)
-    cache = HotCache(store, tmp_path / "hot", config=CacheConfig(1000, capacity_wait_s=10))
+    cache = NodeCache(store, tmp_path / "hot", config=CacheConfig(1000, capacity_wait_s=10))
     a = cache.pin("obj/000")
     threading.Timer(0.2, a.close).start()
     t0 = time.monotonic()
@@ -92,7 +92,7 @@ def test_release_from_other_thread_unblocks_fill(store, tmp_path):
 
 def test_limit_smaller_than_one_object(store, tmp_path):
     _fill_store(store, 1, 5000)
-    cache = HotCache(store, tmp_path / "hot", 1000)
+    cache = NodeCache(store, tmp_path / "hot", 1000)
     t0 = time.monotonic()
     with pytest.raises(CapacityError, match="obj/000.*5000 bytes"):
         cache.pin("obj/000")
@@ -100,13 +100,13 @@ def test_limit_smaller_than_one_object(store, tmp_path):
         cache.pin("obj/000", size=5000)
     assert time.monotonic() - t0 < 2
     with pytest.raises(ConfigError):
-        HotCache(store, tmp_path / "hot2", 0)
+        NodeCache(store, tmp_path / "hot2", 0)
 
 
 def test_corrupt_hot_copy_is_refetched(store, tmp_path):
     objs = _fill_store(store, 1, 4096)
     key, data = "obj/000", objs["obj/000"]
-    cache = HotCache(store, tmp_path / "hot", 100_000)
+    cache = NodeCache(store, tmp_path / "hot", 100_000)
     cs = content_hash(data)
     path = cache.path_of(key)
     cache.prefetch(key, checksum=cs, size=len(data))
@@ -118,7 +118,7 @@ def test_corrupt_hot_copy_is_refetched(store, tmp_path):
     # a truncated copy is caught by the size check, in a fresh process-like cache object
     with open(path, "r+b") as f:
         f.truncate(10)
-    fresh = HotCache(store, tmp_path / "hot", 100_000)
+    fresh = NodeCache(store, tmp_path / "hot", 100_000)
     assert fresh.get(key, checksum=cs, size=len(data)) == data
     assert fresh.stats.refetched_corrupt == 1
 
@@ -129,7 +129,7 @@ def test_threads_that_find_the_same_corrupt_copy_refetch_it_once(store, tmp_path
 
     objs = _fill_store(store, 1, 4096)
     key, data = "obj/000", objs["obj/000"]
-    cache = HotCache(store, tmp_path / "hot", 100_000)
+    cache = NodeCache(store, tmp_path / "hot", 100_000)
     cs = content_hash(data)
     cache.prefetch(key, checksum=cs, size=len(data))
     with open(cache.path_of(key), "r+b") as f:
@@ -155,33 +155,15 @@ def test_threads_that_find_the_same_corrupt_copy_refetch_it_once(store, tmp_path
 
 def test_corrupt_durable_copy_names_the_key(store, tmp_path):
     store.put("obj/bad", b"x" * 100)
-    cache = HotCache(store, tmp_path / "hot", 10_000)
+    cache = NodeCache(store, tmp_path / "hot", 10_000)
     with pytest.raises(IntegrityError, match="obj/bad"):
         cache.pin("obj/bad", checksum=content_hash(b"y" * 100))
     assert not cache.contains("obj/bad")
 
 
-def test_write_back_entries_are_never_evicted(store, tmp_path):
-    _fill_store(store, 3, 1000)
-    cache = HotCache(store, tmp_path / "hot", config=CacheConfig(2500, capacity_wait_s=0.1))
-    cache.put_local("new/one", b"n" * 1000).close()
-    assert cache.is_local_only("new/one") and cache.pending() == ["new/one"]
-    cache.prefetch("obj/000")
-    cache.prefetch("obj/001")  # evicts obj/000, never new/one
-    assert cache.contains("new/one") and not cache.contains("obj/000")
-    assert not cache.evict("new/one")
-    cache.clear()
-    assert cache.contains("new/one")
-    assert not store.exists("new/one")
-    assert cache.flush() == ["new/one"]
-    assert bytes(store.get("new/one")) == b"n" * 1000 and cache.pending() == []
-    assert cache.evict("new/one") and not cache.contains("new/one")
-    assert cache.get("new/one") == b"n" * 1000  # now read through from the durable store
-
-
 def _worker(args):
     durable, hot, keys, limit, rounds, sums = args
-    cache = HotCache(open_store(durable), hot, limit)
+    cache = NodeCache(open_store(durable), hot, limit)
     for r in range(rounds):
         for i, key in enumerate(keys):
             k = keys[(i * 7 + r) % len(keys)]
@@ -210,15 +192,15 @@ def test_processes_share_one_small_cache_dir(store, tmp_path):
     with mp.get_context("spawn").Pool(4) as pool:
         stats = pool.map(_worker, [args] * 4)
     assert sum(s["evictions"] for s in stats) > 0
-    assert HotCache(store, tmp_path / "hot", limit).usage() <= limit
+    assert NodeCache(store, tmp_path / "hot", limit).usage() <= limit
 
 
 def test_namespaces_keep_stores_apart(tmp_path):
     s1, s2 = open_store(str(tmp_path / "a")), open_store(str(tmp_path / "b"))
     s1.put("k", b"one")
     s2.put("k", b"two")
-    c1 = HotCache(s1, tmp_path / "hot", 1000)
-    c2 = HotCache(s2, tmp_path / "hot", 1000)
+    c1 = NodeCache(s1, tmp_path / "hot", 1000)
+    c2 = NodeCache(s2, tmp_path / "hot", 1000)
     assert c1.get("k") == b"one" and c2.get("k") == b"two"
 
 
@@ -227,7 +209,7 @@ def test_s3_durable_store(s3_url, tmp_path):
     store = open_store(url, **opts)
     data = os.urandom(300_000)
     store.put("shards/a.bin", data)
-    cache = HotCache(url, tmp_path / "hot", 1_000_000, **opts)
+    cache = NodeCache(url, tmp_path / "hot", 1_000_000, **opts)
     with cache.pin("shards/a.bin", checksum=content_hash(data), size=len(data)) as h:
         assert bytes(h.mmap()) == data
     assert cache.get("shards/a.bin") == data
