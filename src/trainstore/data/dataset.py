@@ -2,7 +2,7 @@
 
 Feature shards are Arrow IPC *files* (uncompressed); fixed-shape tensor columns are
 ``fixed_size_list<primitive>`` whose per-row shape is in ``extra["columns"]`` (or field
-metadata ``shape``). A shard is pinned in the ``HotCache`` while open and read with
+metadata ``shape``). A shard is pinned in the ``NodeCache`` while open and read with
 ``pa.memory_map`` + ``ipc.open_file``: column arrays are zero-copy numpy views of the mapped
 file. ``ds[i]`` returns a dict of per-row views; ``ds.take(indices)`` gathers rows from many
 shards into fresh batched arrays (one copy, no per-row Python work).
@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from ..cache import CacheConfig, HotCache
 from ..chunks import content_hash
 from ..errors import CapacityError, ConfigError, SchemaError
+from ..nodecache import CacheConfig, NodeCache
 from ..store import Store, open_store
 from .versions import (
     DatasetVersion,
@@ -277,7 +277,7 @@ class Dataset:
     # -- process-local state (rebuilt after fork / unpickling) --------------------------------
     def _reset_process_state(self) -> None:
         self._pid = os.getpid()
-        self._cache = HotCache(
+        self._cache = NodeCache(
             self.store, self._cache_dir,
             config=CacheConfig(self.cache_limit, capacity_wait_s=self.config.capacity_wait_s),
         )
@@ -426,7 +426,7 @@ class Dataset:
                              size=info.bytes)
 
     @property
-    def cache(self) -> HotCache:
+    def cache(self) -> NodeCache:
         self._check_pid()
         return self._cache
 

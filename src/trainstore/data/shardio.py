@@ -1,7 +1,7 @@
 """Local, verified access to a dataset shard: the store's own file, or a hot-tier copy.
 
 A local store's file is used in place (after checking its BLAKE3 against the manifest); any
-other store's shard is read through ``trainstore.cache.HotCache`` (download once, verify,
+other store's shard is read through ``trainstore.nodecache.NodeCache`` (download once, verify,
 memory-mappable file) under ``cache_dir`` (default ``$TRAINSTORE_CACHE_DIR`` or
 ``~/.cache/trainstore/hot``).
 """
@@ -53,8 +53,8 @@ def local_shard(store: Store, info: ShardInfo, cache_dir: str | None = None,
         verify_local_file(path, info)
         yield path
         return
-    from ..cache import HotCache
+    from ..nodecache import NodeCache
 
-    cache = HotCache(store, cache_dir or default_cache_dir(), max(cache_bytes, info.bytes))
+    cache = NodeCache(store, cache_dir or default_cache_dir(), max(cache_bytes, info.bytes))
     with cache.open(info.key, checksum=info.checksum, size=info.bytes) as cached:
         yield cached

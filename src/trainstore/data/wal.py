@@ -35,7 +35,7 @@ import filelock
 import pyarrow as pa
 
 from ..errors import ConfigError, StoreError
-from ..store.local import fsync_dir, io_error, write_all
+from ..fileio import fsync_dir, io_error, write_all
 from .versions import ShardInfo
 
 MAGIC = b"TSW1"
