@@ -94,7 +94,7 @@ class TrainstoreLoader:
 
     def write(self, w: Workload, root: str) -> None:
         from trainstore.data import Dataset, Loader
-        from trainstore.data.dataset import write_arrow_dataset
+        from trainstore.data.serve import write_arrow_dataset
 
         x = np.stack([sample_array(w, i) for i in range(w.samples)])
         rows = max(1, SHARD_BYTES // w.sample_bytes)
@@ -252,7 +252,7 @@ def shuffle_quality(n: int = 100_000, shards: int = 100, batch: int = 64, epochs
     adjacent-same-shard: consecutive samples from one shard (uniform: ~1/shards).
     shards/batch: distinct shards a batch touches (I/O and cache footprint per batch).
     """
-    from trainstore.data.sampler import PlanSpec, rank_streams
+    from trainstore.data.serve.sampler import PlanSpec, rank_streams
 
     rows = tuple([n // shards] * shards)
     out = []

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainstore.data.cleaning import CleanConfig, clean
 from trainstore.data.ingest import IngestConfig, Ingestor
+from trainstore.data.transforms import CleanConfig, clean
 from trainstore.data.versions import read_shard
 from trainstore.store import open_store
 
@@ -55,7 +55,7 @@ def test_clean_of_remote_dataset_larger_than_cache(tmp_path, s3_url):
 
 # -- loader -------------------------------------------------------------------------------------
 def _features(store, n=120, rows_per_shard=15):
-    from trainstore.data.dataset import write_arrow_dataset
+    from trainstore.data.serve import write_arrow_dataset
 
     idx = np.arange(n, dtype=np.int64)
     return write_arrow_dataset(store, "feat", {"idx": idx, "x": np.repeat(idx[:, None], 64, 1).astype(np.float32)},
@@ -63,9 +63,7 @@ def _features(store, n=120, rows_per_shard=15):
 
 
 def test_loader_default_cache_limit_is_bounded_and_explained(tmp_path, monkeypatch):
-    from trainstore.data import dataset as dataset_mod
-    from trainstore.data.dataset import Dataset
-    from trainstore.data.loader import Loader
+    from trainstore.data.serve import Dataset, Loader, dataset as dataset_mod
 
     store = open_store(str(tmp_path / "s"))
     v = _features(store)
@@ -88,8 +86,7 @@ def test_loader_default_cache_limit_is_bounded_and_explained(tmp_path, monkeypat
 def test_prefetch_error_reaches_the_consumer_at_the_next_batch(tmp_path, s3_url):
     import time
 
-    from trainstore.data.dataset import Dataset
-    from trainstore.data.loader import Loader
+    from trainstore.data.serve import Dataset, Loader
     from trainstore.errors import BackgroundError, TrainstoreError
 
     url, opts = s3_url

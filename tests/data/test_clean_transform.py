@@ -8,9 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainstore.data.cleaning import DROP, CleanConfig, clean
 from trainstore.data.ingest import IngestConfig, Ingestor
-from trainstore.data.transforms import transform
+from trainstore.data.transforms import DROP, CleanConfig, clean, transform
 from trainstore.data.versions import list_versions, load_version, parse_ref, read_shard
 from trainstore.errors import ConfigError, TransformError
 from trainstore.store import open_store
@@ -186,12 +185,11 @@ def test_package_exports_the_functions_even_after_their_modules_are_imported():
 
     import trainstore.data as data
 
-    importlib.import_module("trainstore.data.cleaning")
+    importlib.import_module("trainstore.data.transforms.cleaning")
     importlib.import_module("trainstore.data.transforms")
+    importlib.import_module("trainstore.data.transforms.runner")
     assert callable(data.clean) and data.clean is clean
     assert callable(data.transform) and data.transform is transform
-    from trainstore.data import Loader
-    from trainstore.data import clean as clean2
-    from trainstore.data import transform as transform2
+    from trainstore.data import Loader, clean as clean2, transform as transform2
 
     assert clean2 is clean and transform2 is transform and isinstance(Loader, type)

@@ -13,11 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from trainstore.cli.main import app
-from trainstore.data.cleaning import CleanConfig, clean
 from trainstore.data.gc import DataGcOptions, collect_garbage
 from trainstore.data.ingest import IngestConfig, Ingestor
 from trainstore.data.leases import run_lease
-from trainstore.data.transforms import TransformConfig, transform
+from trainstore.data.transforms import CleanConfig, TransformConfig, clean, transform
 from trainstore.data.versions import list_datasets, list_versions, load_version, read_shard
 from trainstore.errors import ManifestError
 from trainstore.store import open_store

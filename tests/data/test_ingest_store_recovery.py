@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainstore.data.ingest import IngestConfig, Ingestor
-from trainstore.data.ingest_journal import PENDING_DIR, live_shard_keys
+from trainstore.data.ingest.journal import PENDING_DIR, live_shard_keys
 from trainstore.data.versions import list_versions, load_version, read_shard
 from trainstore.errors import SchemaError
 from trainstore.store import open_store

@@ -12,8 +12,7 @@ import pytest
 
 from trainstore import open_store
 from trainstore.data import Dataset, Loader
-from trainstore.data.dataset import write_arrow_dataset
-from trainstore.data.meter import IOBoundWarning, MeterConfig
+from trainstore.data.serve import IOBoundWarning, MeterConfig, write_arrow_dataset
 from trainstore.errors import CapacityError, ConfigError
 
 pytestmark = pytest.mark.timeout(120)
@@ -260,7 +259,7 @@ def test_stats_meter_and_warning(ds):
     assert 'trainstore_loader_batches_total{rank="0"} 30.0' in text
     # a loop that never waits for data: no warning (meter driven directly, so the machine's
     # load cannot make the loader late)
-    from trainstore.data.meter import IOWaitMeter
+    from trainstore.data.serve import IOWaitMeter
 
     quiet = IOWaitMeter(MeterConfig(window=5, warn_every_s=0))
     with warnings.catch_warnings():

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from trainstore.data.engines import check_ray_store
 from trainstore.data.transforms import TransformConfig, transform
+from trainstore.data.transforms.engines import check_ray_store
 from trainstore.data.versions import list_versions
 from trainstore.errors import ConfigError, TrainstoreError, TransformError
 

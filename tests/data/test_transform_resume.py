@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from trainstore.data.fn_identity import fn_fingerprint
 from trainstore.data.transforms import transform
+from trainstore.data.transforms.fn_identity import fn_fingerprint
 from trainstore.data.versions import list_versions, load_version
 from trainstore.errors import ConfigError
 

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainstore.data.ingest import IngestConfig, Ingestor
+from trainstore.data.ingest.wal import SegmentIO, WriteAheadLog, read_segment
 from trainstore.data.versions import load_version, read_shard
-from trainstore.data.wal import SegmentIO, WriteAheadLog, read_segment
 from trainstore.errors import CapacityError, StoreError
 from trainstore.store import open_store
 

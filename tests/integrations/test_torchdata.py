@@ -13,7 +13,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from trainstore import open_store
 from trainstore.data import Dataset, Loader
-from trainstore.data.dataset import write_arrow_dataset
+from trainstore.data.serve import write_arrow_dataset
 from trainstore.errors import ConfigError
 from trainstore.integrations.torchdata import BatchStream, StatefulSampler
 

@@ -27,9 +27,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainstore import open_store
-from trainstore.data.dataset import Dataset, write_arrow_dataset
 from trainstore.data.ingest import IngestConfig, Ingestor
-from trainstore.data.loader import Loader
+from trainstore.data.serve import Dataset, Loader, write_arrow_dataset
 from trainstore.data.versions import list_versions, load_version, read_shard
 from trainstore.errors import IntegrityError, TrainstoreError
 

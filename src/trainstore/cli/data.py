@@ -11,16 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..errors import ConfigError, IntegrityError
-from ..store import open_store
-from .common import console, emit_json, handle_errors, store_options
+from .common import JsonOpt, StoreFlags, console, emit_json, handle_errors, with_store_flags
 
 data_app = typer.Typer(help="Datasets: ingest, clean, transform, inspect and verify versions.",
                        no_args_is_help=True)
 
-EndpointOpt = typer.Option(None, "--endpoint", help="S3 endpoint URL")
-RegionOpt = typer.Option(None, "--region", help="S3 region")
-HttpOpt = typer.Option(None, "--allow-http/--no-allow-http", help="allow plain http endpoints")
-JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 
 
 def _progress(quiet: bool) -> Progress:
@@ -43,6 +38,7 @@ def _parse_type(text: str) -> pa.DataType:
 
 @data_app.command("ingest")
 @handle_errors
+@with_store_flags
 def ingest(
     url: str, dataset: str, paths: list[str],
     format: str | None = typer.Option(None, "--format", help="jsonl | csv | parquet | binary (default: by extension)"),
@@ -50,8 +46,7 @@ def ingest(
     wal_dir: str | None = typer.Option(None, "--wal-dir", help="write-ahead log directory"),
     allow_duplicate_files: bool = typer.Option(
         False, "--allow-duplicate-files", help="ingest files whose content the dataset already holds"),
-    json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
-    allow_http: bool | None = HttpOpt,
+    json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags(),
 ) -> None:
     """Ingest files (paths or globs) into DATASET and commit a new version.
 
@@ -60,7 +55,7 @@ def ingest(
     from ..data.ingest import IngestConfig, Ingestor, expand_paths
 
     files = expand_paths(paths)
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     with Ingestor(store, dataset, config=IngestConfig(durability=durability, wal_dir=wal_dir)) as ing, \
             _progress(json_out) as bar:
         task = bar.add_task(f"ingest {dataset}", total=len(files))
@@ -80,6 +75,7 @@ def ingest(
 
 @data_app.command("clean")
 @handle_errors
+@with_store_flags
 def clean_cmd(
     url: str, ref: str,
     dedup: str | None = typer.Option(None, "--dedup", help="'row' or comma-separated key columns"),
@@ -89,14 +85,13 @@ def clean_cmd(
     cast: list[str] = typer.Option([], "--cast", help="COL=TYPE schema enforcement (repeatable)"),
     output: str | None = typer.Option(None, "--output", "-o", help="output dataset name"),
     memory_limit: str = typer.Option("2GB", "--memory-limit", help="DuckDB memory limit (spills past it)"),
-    json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
-    allow_http: bool | None = HttpOpt,
+    json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags(),
 ) -> None:
     """Dedup, handle missing values and enforce a schema; failing rows go to quarantine."""
-    from ..data.cleaning import DROP, CleanConfig, clean
+    from ..data.transforms import DROP, CleanConfig, clean
     from ..data.versions import load_version, parse_ref
 
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     missing: object = "drop" if drop_missing else None
     if fill or drop_null:
         if drop_missing:
@@ -145,14 +140,14 @@ class _null:
 
 @data_app.command("transform")
 @handle_errors
+@with_store_flags
 def transform_cmd(
     url: str, ref: str, fn: str = typer.Argument(..., help="module:function mapping RecordBatch -> RecordBatch"),
     engine: str = typer.Option("local", "--engine", help="local | ray"),
     workers: int = typer.Option(1, "--workers", "-w"),
     kwargs: str = typer.Option("{}", "--kwargs", help="JSON object of keyword arguments for fn"),
     output: str | None = typer.Option(None, "--output", "-o", help="output dataset name"),
-    json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
-    allow_http: bool | None = HttpOpt,
+    json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags(),
 ) -> None:
     """Run FN over every shard (resumable) into an Arrow IPC feature dataset."""
     from ..data.transforms import transform
@@ -161,7 +156,7 @@ def transform_cmd(
         fn_kwargs = json.loads(kwargs)
     except ValueError as exc:
         raise ConfigError(f"--kwargs is not JSON: {exc}") from None
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     with _progress(json_out) as bar:
         task = bar.add_task(f"transform {ref}", total=None)
         version = transform(store, ref, fn, engine=engine, workers=workers, output=output, fn_kwargs=fn_kwargs,
@@ -175,12 +170,12 @@ def transform_cmd(
 
 @data_app.command("ls")
 @handle_errors
-def ls(url: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
-       region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
+@with_store_flags
+def ls(url: str, json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
     """Datasets and their versions."""
     from ..data.versions import list_datasets, list_versions, load_version
 
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     rows = []
     for name in list_datasets(store):
         for ver in list_versions(store, name):
@@ -200,12 +195,12 @@ def ls(url: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
 
 @data_app.command("show")
 @handle_errors
-def show(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
-         region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
+@with_store_flags
+def show(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
     """One version's manifest: schema, shards, lineage fields."""
     from ..data.versions import load_version, parse_ref
 
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     v = load_version(store, *parse_ref(ref))
     if json_out:
         emit_json(_version_json(v))
@@ -225,12 +220,12 @@ def show(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = En
 
 @data_app.command("lineage")
 @handle_errors
-def lineage(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
-            region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
+@with_store_flags
+def lineage(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
     """The version and all its ancestors."""
     from ..data.versions import iter_lineage
 
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     chain = [{"id": v.id, "operation": v.operation, "parents": list(v.parents), "config_hash": v.config_hash,
               "config": v.config, "code_version": v.code_version,
               "trainstore_version": v.trainstore_version, "rows": v.rows} for v in iter_lineage(store, ref)]
@@ -246,12 +241,12 @@ def lineage(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None =
 
 @data_app.command("verify")
 @handle_errors
-def verify(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt,
-           region: str | None = RegionOpt, allow_http: bool | None = HttpOpt) -> None:
+@with_store_flags
+def verify(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
     """Re-check every shard's size and BLAKE3 checksum; exit 2 if any is bad."""
     from ..data.versions import load_version, parse_ref, read_shard
 
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     v = load_version(store, *parse_ref(ref))
     bad = []
     with _progress(json_out) as bar:
@@ -273,17 +268,17 @@ def verify(url: str, ref: str, json_out: bool = JsonOpt, endpoint: str | None = 
 
 @data_app.command("gc")
 @handle_errors
+@with_store_flags
 def gc_cmd(url: str,
            dry_run: bool = typer.Option(False, "--dry-run", help="report what would be deleted, delete nothing"),
            grace: str = typer.Option("1h", "--grace", help="only delete shards older than this (e.g. 90s, 1h, 7d)"),
            ignore_unreadable: bool = typer.Option(False, "--ignore-unreadable",
                                                   help="sweep even if a version manifest is unreadable"),
-           json_out: bool = JsonOpt, endpoint: str | None = EndpointOpt, region: str | None = RegionOpt,
-           allow_http: bool | None = HttpOpt) -> None:
+           json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
     """Delete shards no committed dataset version references (safe while writers run)."""
     from ..data.gc import DataGcOptions, collect_garbage
 
-    store = open_store(url, **store_options(endpoint, region, allow_http))
+    store = flags.open(url)
     report = collect_garbage(store, DataGcOptions(grace=grace, ignore_unreadable=ignore_unreadable),
                              dry_run=dry_run)
     if json_out:

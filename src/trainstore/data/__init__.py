@@ -1,26 +1,13 @@
-"""The data pipeline: ingestion, cleaning, feature engineering, versions and serving."""
+"""The data pipeline: ingest, transform (clean, features) and serve, around dataset versions.
+
+Stages are subpackages (``ingest``, ``transforms``, ``serve``); what they share sits here:
+``versions`` (manifests; ``derive`` commits every new version), ``lineage``, ``layouts``
+(the shard layout registry), ``shardio``, ``leases`` and the data GC (``gc``). Imports are
+lazy: the public names in ``__init__.pyi`` are imported on first use.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import lazy_loader
 
-from .versions import DatasetVersion, ShardInfo, list_versions, load_version
-
-_LAZY = {
-    "Ingestor": "trainstore.data.ingest",
-    "clean": "trainstore.data.cleaning",
-    "transform": "trainstore.data.transforms",
-    "Loader": "trainstore.data.loader",
-    "Dataset": "trainstore.data.dataset",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainstore.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = ["DatasetVersion", "ShardInfo", "list_versions", "load_version", *_LAZY]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError, ManifestError, NotFoundError
 from ..store.base import ObjectMeta, Store
 from ..sweeps import SweepMarker, covered, duration, expire_markers, live_leases
-from .ingest_journal import PENDING_DIR, list_entry_keys, load_entries
+from .ingest.journal import PENDING_DIR, list_entry_keys, load_entries
 from .leases import GC_PREFIX
-from .transform_shard import marker_output_key
+from .transforms.shard_task import marker_output_key
 from .versions import list_versions, load_version
 
 log = logging.getLogger("trainstore.data.gc")

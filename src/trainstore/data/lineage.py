@@ -4,7 +4,7 @@
 keys), so two runs with the same inputs and settings agree on it; which code made a version
 (``code_version``, ``trainstore_version``) is ``trainstore.provenance``'s.
 Ingested files are recorded by the BLAKE3 of their bytes (``file_digest``), so the same file
-ingested twice into a dataset is recognised (``SourcesIndex``).
+ingested twice into a dataset is recognised (``data.ingest.files.SourcesIndex``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ import os
 from typing import Any
 
 import blake3
-
-from ..store.base import Store
-from .versions import list_versions, load_version
 
 
 def canonical_json(obj: Any) -> str:
@@ -34,25 +31,3 @@ def file_digest(path: str) -> str:
     if os.path.getsize(path):
         hasher.update_mmap(path)
     return hasher.hexdigest()
-
-
-class SourcesIndex:
-    """Which file digests the committed versions of one dataset ingested, and where.
-
-    Versions are immutable, so each is read once; ``refresh`` reads only the new ones."""
-
-    def __init__(self, store: Store, dataset: str) -> None:
-        self.store = store
-        self.dataset = dataset
-        self._seen: set[int] = set()
-        self._where: dict[str, str] = {}
-
-    def refresh(self) -> dict[str, str]:
-        """``{blake3: "name@version"}`` of every file ingested by a committed version."""
-        for ver in list_versions(self.store, self.dataset):
-            if ver not in self._seen:
-                version = load_version(self.store, self.dataset, ver)
-                for src in version.sources:
-                    self._where.setdefault(src.blake3, version.id)
-                self._seen.add(ver)
-        return dict(self._where)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import blake3
 
 from ..errors import IntegrityError, NotFoundError
+from ..nodecache import NodeCache
 from ..store import Store
 from .versions import ShardInfo
 
@@ -53,8 +54,6 @@ def local_shard(store: Store, info: ShardInfo, cache_dir: str | None = None,
         verify_local_file(path, info)
         yield path
         return
-    from ..nodecache import NodeCache
-
     cache = NodeCache(store, cache_dir or default_cache_dir(), max(cache_bytes, info.bytes))
     with cache.open(info.key, checksum=info.checksum, size=info.bytes) as cached:
         yield cached

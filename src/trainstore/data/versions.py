@@ -6,7 +6,10 @@ Layout in a store::
     datasets/<name>/shards/<file>            Parquet (raw, cleaned) or Arrow IPC (features)
 
 A version exists only once its manifest is committed; shards not named by any manifest are
-garbage. Every shard records its BLAKE3 checksum, verified on read by ``read_shard``.
+garbage. Every shard records its BLAKE3 checksum, verified on read by ``read_shard``. Every
+stage commits a new version through ``derive`` (parents, operation, config and its hash, code
+version; the next free number, retried when another writer took it). The layout a manifest
+names must be registered in ``data.layouts``.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import base64
 import json
 import re
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -31,10 +34,14 @@ from ..errors import (
     ManifestError,
     NotFoundError,
 )
+from ..provenance import code_version, trainstore_version
 from ..store.base import Buffer, Store, validate_key
+from .layouts import layout_names
+from .lineage import config_hash
 
 FORMAT = "trainstore.dataset/1"
-LAYOUTS = ("parquet", "arrow-ipc")
+#: how often ``derive`` takes the next version number after another writer took one
+COMMIT_ATTEMPTS = 10
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -169,7 +176,7 @@ class DatasetVersion:
             if not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)):
                 raise ManifestError(f"dataset manifest {where}: parents must be a list of 'name@version'")
             layout = obj["layout"]
-            if layout not in LAYOUTS:
+            if layout not in layout_names():
                 raise ManifestError(f"dataset manifest {where}: unknown layout {layout!r}")
             return cls(
                 name=check_name(obj["name"]),
@@ -287,6 +294,46 @@ def commit_version(store: Store, version: DatasetVersion) -> DatasetVersion:
 def next_version(store: Store, name: str) -> int:
     versions = list_versions(store, name)
     return versions[-1] + 1 if versions else 1
+
+
+def derive(
+    store: Store,
+    parents: Sequence[DatasetVersion | str],
+    operation: str,
+    config: Mapping[str, Any],
+    shards: Iterable[ShardInfo],
+    *,
+    name: str,
+    layout: str,
+    schema: pa.Schema,
+    extra: Mapping[str, Any] | None = None,
+    sources: Iterable[SourceFile] = (),
+    version: int | None = None,
+    digest: str | None = None,
+) -> DatasetVersion:
+    """Commit a new version of ``name`` made by ``operation`` from ``parents`` (versions or
+    "name@version" ids) with ``config``: the one way every stage publishes a version.
+
+    Records the config's hash (``digest`` when the caller computed it already) and the code
+    version. ``version=None`` takes the next free number and, when another writer commits it
+    first, the one after (``COMMIT_ATTEMPTS`` times); a given ``version`` is committed once
+    (``AlreadyExistsError`` if taken: the caller re-plans, as ``commit`` of an ingest does).
+    """
+    config = dict(config)
+    made = DatasetVersion(
+        name=check_name(name), version=version or 0, layout=layout, schema=schema, shards=tuple(shards),
+        parents=tuple(p.id if isinstance(p, DatasetVersion) else p for p in parents), operation=operation,
+        config=config, config_hash=digest or config_hash(config), code_version=code_version(), trainstore_version=trainstore_version(),
+        extra=dict(extra or {}), sources=tuple(sources),
+    )
+    if version is not None:
+        return commit_version(store, made)
+    for _attempt in range(COMMIT_ATTEMPTS):
+        try:
+            return commit_version(store, replace(made, version=next_version(store, name)))
+        except AlreadyExistsError:
+            continue
+    raise AlreadyExistsError(f"could not commit a version of {name!r}: lost the race {COMMIT_ATTEMPTS} times")
 
 
 def verify_shard_bytes(info: ShardInfo, data: Buffer) -> None:

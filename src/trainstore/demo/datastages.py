@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..data.cleaning import DROP, CleanConfig, clean
 from ..data.ingest import IngestConfig, Ingestor
-from ..data.transforms import TransformConfig, transform
+from ..data.transforms import DROP, CleanConfig, TransformConfig, clean, transform
 from .context import RunContext
 from .synthetic import RAW_SCHEMA, batches, generate
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..data.features import byte_tokens
+from ..data.transforms import byte_tokens
 from ..errors import ConfigError
 
 SPLITS = ("train", "val")

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
-from ..data.dataset import Dataset
-from ..data.sampler import PlanSpec, epoch_streams
+from ..data.serve.dataset import Dataset
+from ..data.serve.sampler import PlanSpec, epoch_streams
 from ..errors import ConfigError
 
 SAMPLER_FORMAT = "trainstore.torchdata-sampler/1"

@@ -85,7 +85,7 @@ def prepare(store_url: str, cfg: JobConfig = JobConfig(), **store_options: objec
     """Write the job's feature dataset (deterministic) and return its reference."""
     import numpy as np
 
-    from trainstore.data.dataset import write_arrow_dataset
+    from trainstore.data.serve import write_arrow_dataset
     from trainstore.data.versions import list_versions
     from trainstore.store import open_store
 
@@ -116,8 +116,7 @@ def train(store_url: str, job: str, cache_dir: str, out: str, cfg: JobConfig = J
 
     from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
     from trainstore.checkpoint.rng import capture_rng, restore_rng
-    from trainstore.data.dataset import Dataset
-    from trainstore.data.loader import Loader
+    from trainstore.data.serve import Dataset, Loader
     from trainstore.errors import NoCheckpointError
     from trainstore.store import open_store
 

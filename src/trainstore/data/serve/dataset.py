@@ -1,122 +1,31 @@
-"""Map-style access to an "arrow-ipc" feature dataset version, memory-mapped from the hot tier.
+"""Map-style access to a servable feature dataset version, memory-mapped from the hot tier.
 
-Feature shards are Arrow IPC *files* (uncompressed); fixed-shape tensor columns are
-``fixed_size_list<primitive>`` whose per-row shape is in ``extra["columns"]`` (or field
-metadata ``shape``). A shard is pinned in the ``NodeCache`` while open and read with
-``pa.memory_map`` + ``ipc.open_file``: column arrays are zero-copy numpy views of the mapped
-file. ``ds[i]`` returns a dict of per-row views; ``ds.take(indices)`` gathers rows from many
+Served layouts are those ``data.layouts`` marks ``servable`` (today ``"arrow-ipc"``:
+uncompressed Arrow IPC *files*); fixed-shape tensor columns are ``fixed_size_list<primitive>``
+whose per-row shape is in ``extra["columns"]`` (or field metadata ``shape``). A shard is
+pinned in the ``NodeCache`` while open and read by its layout (``serve.open_shard``): column
+arrays are zero-copy numpy views of the mapped file. ``ds[i]`` returns a dict of per-row views; ``ds.take(indices)`` gathers rows from many
 shards into fresh batched arrays (one copy, no per-row Python work).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.ipc as ipc
 
-from ..chunks import content_hash
-from ..errors import CapacityError, ConfigError, SchemaError
-from ..nodecache import CacheConfig, NodeCache
-from ..store import Store, open_store
-from .versions import (
-    DatasetVersion,
-    ShardInfo,
-    commit_version,
-    load_version,
-    next_version,
-    parse_ref,
-    shards_prefix,
-    tensor_layout,
-)
-
-LAYOUT = "arrow-ipc"
-
-
-# -- writing ---------------------------------------------------------------------------------
-def _to_arrow_column(arr: np.ndarray) -> tuple[pa.Array, dict]:
-    arr = np.ascontiguousarray(arr)
-    shape = list(arr.shape[1:])
-    if arr.dtype == object or arr.dtype.kind in "US":
-        col = pa.array(arr.tolist())
-        return col, {"arrow": str(col.type), "dtype": None, "shape": None}
-    if not shape:
-        col = pa.array(arr)
-        return col, {"arrow": str(col.type), "dtype": arr.dtype.name, "shape": []}
-    width = int(np.prod(shape))
-    col = pa.FixedSizeListArray.from_arrays(pa.array(arr.reshape(-1)), width)
-    return col, {"arrow": str(col.type), "dtype": arr.dtype.name, "shape": shape}
-
-
-def table_from_numpy(columns: dict[str, np.ndarray]) -> tuple[pa.Table, dict]:
-    """Numpy columns (first axis = rows) -> Arrow table + the ``extra["columns"]`` description."""
-    arrays, desc, n = {}, {}, None
-    for name, value in columns.items():
-        value = np.asarray(value)
-        if n is None:
-            n = len(value)
-        elif len(value) != n:
-            raise SchemaError(f"column {name!r} has {len(value)} rows, expected {n}")
-        arrays[name], desc[name] = _to_arrow_column(value)
-    return pa.table(arrays), desc
-
-
-def write_arrow_dataset(
-    store: Store | str,
-    name: str,
-    data: pa.Table | dict[str, np.ndarray] | Iterable[pa.RecordBatch],
-    rows_per_shard: int,
-    *,
-    version: int | None = None,
-    parents: Sequence[str] = (),
-    operation: str = "features",
-    config: dict | None = None,
-    columns: dict | None = None,
-) -> DatasetVersion:
-    """Write ``data`` as uncompressed Arrow IPC file shards and commit an "arrow-ipc" version.
-
-    Each shard is one record batch of at most ``rows_per_shard`` rows, written with ``put``
-    (atomic) before the manifest is committed with ``put_if_absent``.
-    """
-    store = open_store(store)
-    if rows_per_shard <= 0:
-        raise ConfigError(f"rows_per_shard must be positive, got {rows_per_shard}")
-    if isinstance(data, dict):
-        table, desc = table_from_numpy(data)
-    elif isinstance(data, pa.Table):
-        table, desc = data, {}
-    else:
-        table, desc = pa.Table.from_batches(list(data)), {}
-    desc = {**desc, **(columns or {})}
-    version = next_version(store, name) if version is None else version
-    shards = []
-    for i, start in enumerate(range(0, max(table.num_rows, 1), rows_per_shard)):
-        part = table.slice(start, rows_per_shard).combine_chunks()
-        sink = pa.BufferOutputStream()
-        with ipc.new_file(sink, part.schema) as writer:
-            for batch in part.to_batches(max_chunksize=max(part.num_rows, 1)):
-                writer.write_batch(batch)
-        buf = sink.getvalue()
-        key = f"{shards_prefix(name)}v{version:06d}-{i:05d}.arrow"
-        store.put(key, buf)
-        shards.append(ShardInfo(key, part.num_rows, buf.size, content_hash(buf)))
-        if table.num_rows == 0:
-            break
-    manifest = DatasetVersion(
-        name=name, version=version, layout=LAYOUT, schema=table.schema, shards=tuple(shards),
-        parents=tuple(parents), operation=operation, config=dict(config or {}),
-        extra={"columns": desc},
-    )
-    return commit_version(store, manifest)
-
+from ...errors import CapacityError, ConfigError, SchemaError
+from ...nodecache import CacheConfig, NodeCache
+from ...store import Store, open_store
+from ..layouts import get_layout, layout_names
+from ..versions import DatasetVersion, load_version, parse_ref
+from .open_shard import OpenShard, column_spec
 
 # -- reading ---------------------------------------------------------------------------------
 #: the default hot-tier limit takes at most this fraction of the cache directory's free space
@@ -152,64 +61,6 @@ class DatasetConfig:
     capacity_wait_s: float = 30.0
 
 
-_ROW_COPY_BYTES = 2048
-
-
-def _copy_rows(dst: np.ndarray, positions: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:
-    """dst[positions] = src[rows]. Large rows are copied one by one (a straight memcpy each,
-    the GIL released, no temporary); fancy indexing would gather into a temporary first and
-    then scatter, and is 2-20x slower for rows of 100 KB and up."""
-    row_bytes = src.itemsize * (int(np.prod(src.shape[1:])) if src.ndim > 1 else 1)
-    if src.dtype == object or row_bytes < _ROW_COPY_BYTES:
-        dst[positions] = src[rows]
-        return
-    for p, r in zip(positions.tolist(), rows.tolist()):
-        dst[p] = src[r]
-
-
-class _OpenShard:
-    """A pinned, memory-mapped shard: per record batch, zero-copy column views."""
-
-    def __init__(self, handle: Any, path: str, info: ShardInfo, ds: Dataset) -> None:
-        self.handle = handle
-        self.info = info
-        self.users = 0
-        reader = ipc.open_file(pa.memory_map(path, "r"))
-        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        rows = sum(b.num_rows for b in batches)
-        if rows != info.rows:
-            raise SchemaError(f"shard {info.key} has {rows} rows, manifest says {info.rows}")
-        batches = [b for b in batches if b.num_rows] or batches[:1]
-        #: first row of each record batch (the same for every column)
-        self.starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]]).astype(np.int64)
-        self.chunks = {
-            name: [ds._column_view(b.column(name), name, info.key) for b in batches]
-            for name in ds.column_names
-        }
-
-    def row(self, local: int) -> dict[str, np.ndarray]:
-        c = int(np.searchsorted(self.starts, local, side="right") - 1)
-        i = local - int(self.starts[c])
-        return {name: chunks[c][i] for name, chunks in self.chunks.items()}
-
-    def gather(self, local: np.ndarray, out: dict[str, np.ndarray], positions: np.ndarray) -> None:
-        """``out[name][positions] = rows local`` for every column."""
-        if len(self.starts) == 1:
-            for name, chunks in self.chunks.items():
-                _copy_rows(out[name], positions, chunks[0], local)
-            return
-        cid = np.searchsorted(self.starts, local, side="right") - 1
-        for c in np.unique(cid):
-            sel = cid == c
-            rows = local[sel] - self.starts[c]
-            for name, chunks in self.chunks.items():
-                _copy_rows(out[name], positions[sel], chunks[c], rows)
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-
-
 class Dataset:
     """``Dataset(store_or_url, "name@version", cache_dir=..., cache_limit=...)``: map-style rows."""
 
@@ -241,10 +92,12 @@ class Dataset:
         else:
             name, ver = parse_ref(ref)
             self.version = load_version(self.store, name, ver)
-        if self.version.layout != LAYOUT:
+        self.layout = get_layout(self.version.layout)
+        if not self.layout.servable:
+            served = [n for n in layout_names() if get_layout(n).servable]
             raise ConfigError(
                 f"dataset {self.version.id} has layout {self.version.layout!r}; the loader reads "
-                f"{LAYOUT!r} feature versions (run a transform to produce one)"
+                f"{', '.join(map(repr, served))} feature versions (run a transform to produce one)"
             )
         self.shards = self.version.shards
         self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
@@ -254,7 +107,7 @@ class Dataset:
             if n not in schema.names:
                 raise SchemaError(f"dataset {self.version.id} has no column {n!r} (has {schema.names})")
         self.column_names = tuple(names)
-        self._specs = {n: self._spec(n) for n in names}
+        self._specs = {n: column_spec(self.version, n) for n in names}
         self.max_shard_bytes = max((s.bytes for s in self.shards), default=0)
         if cfg.cache_dir is None:
             default = os.environ.get("TRAINSTORE_CACHE_DIR")
@@ -283,7 +136,7 @@ class Dataset:
         )
         self._cache.on_pressure = self._release_idle
         self._lock = threading.Condition()
-        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+        self._open: OrderedDict[int, OpenShard] = OrderedDict()
         self._opening: set[int] = set()
         budget = self.config.max_open_bytes or self.cache_limit // 2
         try:
@@ -310,46 +163,11 @@ class Dataset:
             self._reset_process_state()
 
     # -- schema ---------------------------------------------------------------------------------
-    def _spec(self, name: str) -> tuple[np.dtype | None, tuple[int, ...]]:
-        """(numpy dtype, per-row shape) of a column; dtype None = not a tensor (object array)."""
-        field = self.version.schema.field(name)
-        desc = self.version.extra.get("columns", {}).get(name) or {}
-        t, shape, numeric = tensor_layout(field.type)
-        if not numeric:
-            if shape:
-                raise SchemaError(f"column {name!r}: fixed-size list of {t} is not a tensor")
-            return None, ()
-        width = int(np.prod(shape)) if shape else 1
-        declared = desc.get("shape")
-        if declared is None and field.metadata and b"shape" in field.metadata:
-            declared = json.loads(field.metadata[b"shape"])
-        if declared is not None and shape:
-            declared = [int(x) for x in declared]
-            if int(np.prod(declared)) != width:
-                raise SchemaError(f"column {name!r}: shape {declared} does not match list size {width}")
-            shape = declared  # a flat list may carry a multi-dimensional shape
-        return np.dtype(t.to_pandas_dtype()), tuple(shape)
-
-    def _column_view(self, arr: pa.Array, name: str, key: str) -> np.ndarray:
-        """Zero-copy numpy view of one record batch's column (booleans: one unpacking copy)."""
-        dtype, shape = self._specs[name]
-        if arr.null_count and dtype is not None:
-            raise SchemaError(f"shard {key}: column {name!r} has nulls; tensor columns may not")
-        if dtype is None:
-            return np.asarray(arr.to_pylist(), dtype=object)
-        n = len(arr)
-        if isinstance(arr, pa.ExtensionArray):
-            arr = arr.storage
-        while pa.types.is_fixed_size_list(arr.type):
-            arr = arr.flatten()  # accounts for slice offsets, no copy
-        flat = arr.to_numpy(zero_copy_only=not pa.types.is_boolean(arr.type))
-        return flat.reshape((n, *shape))
-
     # -- shards ---------------------------------------------------------------------------------
     def shard_of(self, index: int) -> int:
         return int(np.searchsorted(self.offsets, index, side="right") - 1)
 
-    def acquire(self, shard: int) -> _OpenShard:
+    def acquire(self, shard: int) -> OpenShard:
         """Open (pin + map) ``shard`` and mark it in use; pair with ``release``."""
         self._check_pid()
         with self._lock:
@@ -370,7 +188,7 @@ class Dataset:
                 info.key, checksum=info.checksum if self.config.verify else None, size=info.bytes
             )
             try:
-                op = _OpenShard(handle, handle.path, info, self)
+                op = OpenShard(handle, handle.path, info, self.layout, self._specs)
             except BaseException:
                 handle.close()
                 raise
@@ -383,7 +201,7 @@ class Dataset:
                 self._opening.discard(shard)
                 self._lock.notify_all()
 
-    def release(self, op: _OpenShard) -> None:
+    def release(self, op: OpenShard) -> None:
         with self._lock:
             op.users -= 1
 
@@ -483,4 +301,4 @@ class Dataset:
         return f"Dataset({self.version.id}, rows={len(self)}, shards={len(self.shards)})"
 
 
-__all__ = ["Dataset", "DatasetConfig", "table_from_numpy", "write_arrow_dataset"]
+__all__ = ["CACHE_FREE_FRACTION", "Dataset", "DatasetConfig", "default_cache_limit"]

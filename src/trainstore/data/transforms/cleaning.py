@@ -31,25 +31,24 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..chunks import content_hash
-from ..errors import AlreadyExistsError, ConfigError, SchemaError
-from ..provenance import code_version, trainstore_version
-from ..store import Store, open_store
-from .clean_sql import DROP, drop_expr, ident, plan_columns, reason_expr
-from .leases import run_lease
-from .lineage import config_hash
-from .shardio import DEFAULT_CACHE_BYTES, default_cache_dir, local_shard, verify_local_file
-from .versions import (
+from ...chunks import content_hash
+from ...errors import ConfigError, SchemaError
+from ...store import Store, open_store
+from ..layouts import PARQUET
+from ..leases import run_lease
+from ..lineage import config_hash
+from ..shardio import DEFAULT_CACHE_BYTES, default_cache_dir, local_shard, verify_local_file
+from ..versions import (
     DatasetVersion,
     ShardInfo,
     check_name,
-    commit_version,
+    derive,
     load_version,
-    next_version,
     parse_ref,
     schema_to_b64,
     shards_prefix,
 )
+from .clean_sql import DROP, drop_expr, ident, plan_columns, reason_expr
 
 __all__ = ["CleanConfig", "DROP", "clean"]
 
@@ -145,16 +144,6 @@ def _stream(con: Any, sql: str) -> Iterator[pa.RecordBatch]:
     yield from con.sql(sql).to_arrow_reader(65536)
 
 
-def _commit(store: Store, version: DatasetVersion) -> DatasetVersion:
-    for _attempt in range(10):
-        try:
-            return commit_version(store, DatasetVersion(**{**version.__dict__,
-                                                           "version": next_version(store, version.name)}))
-        except AlreadyExistsError:
-            continue
-    raise AlreadyExistsError(f"could not commit a version of {version.name!r}: lost the race 10 times")
-
-
 def clean(
     store: Store | str,
     ref: str,
@@ -172,8 +161,8 @@ def clean(
     store = open_store(store, **store_options)
     name, ver = parse_ref(ref)
     source = load_version(store, name, ver)
-    if source.layout != "parquet":
-        raise ConfigError(f"clean reads Parquet datasets; {source.id} is {source.layout}")
+    if source.layout != PARQUET.name:  # DuckDB reads the shard files themselves
+        raise ConfigError(f"clean reads {PARQUET.title} datasets; {source.id} is {source.layout}")
     out_name = check_name(output or f"{name}.clean")
     plans = plan_columns(source.schema, schema, missing)
     out_schema = schema if schema is not None else source.schema
@@ -193,18 +182,15 @@ def clean(
         counts = _run(con, store, source, plans, keys, out_schema, prefixes, config, tmp_dir, say)
         quarantine_ref = None
         if counts["quarantine_shards"]:
-            qversion = _commit(store, DatasetVersion(
-                name=f"{out_name}.quarantine", version=0, layout="parquet", schema=counts["quarantine_schema"],
-                shards=tuple(counts["quarantine_shards"]), parents=(source.id,), operation="clean-quarantine",
-                config=cfg, config_hash=digest, code_version=code_version(), trainstore_version=trainstore_version(), extra={"rows_of": out_name}))
+            qversion = derive(store, (source,), "clean-quarantine", cfg, counts["quarantine_shards"],
+                              name=f"{out_name}.quarantine", layout=PARQUET.name,
+                              schema=counts["quarantine_schema"], digest=digest, extra={"rows_of": out_name})
             quarantine_ref = qversion.id
         for k in ("quarantine_shards", "quarantine_schema"):
             counts.pop(k)
         shards = counts.pop("shards")
-        return _commit(store, DatasetVersion(
-            name=out_name, version=0, layout="parquet", schema=out_schema, shards=tuple(shards),
-            parents=(source.id,), operation="clean", config=cfg, config_hash=digest,
-            code_version=code_version(), trainstore_version=trainstore_version(), extra={**counts, "quarantine": quarantine_ref}))
+        return derive(store, (source,), "clean", cfg, shards, name=out_name, layout=PARQUET.name,
+                      schema=out_schema, digest=digest, extra={**counts, "quarantine": quarantine_ref})
 
 
 @contextlib.contextmanager

@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ..errors import ConfigError, NotFoundError, TrainstoreError
-from ..store import LocalStore, Store, open_store
+from ...errors import ConfigError, NotFoundError, TrainstoreError
+from ...store import LocalStore, Store, open_store
+from ..layouts import PARQUET, get_layout
+from ..shardio import default_cache_dir, file_checksum, local_shard
+from ..versions import ShardInfo, schema_from_b64, schema_to_b64, shards_prefix
 from .fn_identity import load_shipped
-from .shardio import default_cache_dir, file_checksum, local_shard
-from .versions import ShardInfo, schema_from_b64, schema_to_b64, shards_prefix
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class ShardTask:
     fn_kwargs: dict = field(default_factory=dict)
     batch_rows: int = 8192
     cache_dir: str | None = None
+    layout: str = PARQUET.name  # of the input shard
 
 
 def task_keys(out_name: str, tag: str, index: int) -> tuple[str, str]:
@@ -148,11 +149,11 @@ def _stream(store: Store, task: ShardTask, fn: Callable[..., Any], tmp: str) -> 
     rows_out = 0
     row = 0
     with local_shard(store, task.source, task.cache_dir) as path:
+        layout = get_layout(task.layout)
         try:
-            pf = pq.ParquetFile(path, memory_map=True)
-            batches = pf.iter_batches(batch_size=task.batch_rows)
+            batches = layout.open(path).iter_batches(task.batch_rows)
         except (pa.ArrowException, OSError) as exc:
-            return f"shard {task.source.key}: input is not readable Parquet: {exc}", None
+            return f"shard {task.source.key}: input is not readable {layout.title}: {exc}", None
         sink = pa.OSFile(tmp, "wb")
         try:
             for batch in batches:

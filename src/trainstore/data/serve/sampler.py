@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 MODES = ("full", "block", "none")
 

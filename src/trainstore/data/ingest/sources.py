@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from ..errors import ConfigError, NotFoundError, SchemaError, StoreError
+from ...errors import ConfigError, NotFoundError, SchemaError, StoreError
 from .exact import Locate
 from .records import conform, to_table
 

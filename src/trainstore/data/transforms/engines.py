@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
-from ..errors import ConfigError
-from .transform_shard import ShardTask, run_shard
+from ...errors import ConfigError
+from .shard_task import ShardTask, run_shard
 
 ENGINES = ("local", "ray")
 

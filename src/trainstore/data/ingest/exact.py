@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SchemaError
+from ...errors import SchemaError
 
 Locate = Callable[[int], str]
 _PYTHON_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError)

@@ -1,7 +1,7 @@
 """``Loader``: batches for one rank, shuffled per epoch, prefetched from the hot tier, resumable.
 
 Pipeline per rank: the epoch plan (``sampler``) gives this rank's sample order; a shard
-thread fills the shards that upcoming batches need into the hot tier (``HotCache``) ahead of
+thread fills the shards that upcoming batches need into the hot tier (``NodeCache``) ahead of
 use; ``workers`` threads assemble batches ``N+1 .. N+prefetch`` (``Dataset.take``: one numpy
 gather per shard from memory-mapped Arrow files, the GIL released) while batch ``N`` is being
 consumed. When the cache limit is smaller than what the rank reads, shards whose last use in
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackgroundError, ConfigError, StoreError
+from ...errors import BackgroundError, ConfigError, StoreError
 from .dataset import Dataset, DatasetConfig
 from .meter import IOWaitMeter, MeterConfig
 from .sampler import PlanSpec, epoch_streams

@@ -22,10 +22,10 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from ..chunks import content_hash
-from ..errors import ManifestError, NotFoundError
-from ..store.base import Store
-from .versions import ShardInfo, SourceFile, check_name, list_versions, load_version
+from ...chunks import content_hash
+from ...errors import ManifestError, NotFoundError
+from ...store.base import Store
+from ..versions import ShardInfo, SourceFile, check_name, list_versions, load_version
 
 PENDING_DIR = "pending"
 _FILES_SUFFIX = "-files.json"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 #: Fill value meaning "drop rows where this column is missing" in ``missing={col: DROP}``.
 DROP = "<drop>"

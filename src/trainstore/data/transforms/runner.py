@@ -18,7 +18,7 @@ version manifest is committed only after every shard succeeded: a failure
 import; one defined in ``__main__``/a notebook, a lambda or a closure is sent to the caller's
 own worker processes with cloudpickle (in-process runs use it directly).
 
-Feature-shard contract (what ``data.loader`` reads): layout ``"arrow-ipc"``; each shard is an
+Feature-shard contract (what ``data.serve`` reads): layout ``"arrow-ipc"``; each shard is an
 uncompressed Arrow IPC file, ``ShardInfo.checksum`` = BLAKE3 of the file bytes; tensor columns
 are ``fixed_size_list`` (nested for more dimensions) or ``FixedShapeTensor`` of a primitive
 type; ``version.extra["columns"][name] = {"arrow": str, "dtype": numpy dtype name or None,
@@ -34,27 +34,26 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import AlreadyExistsError, ConfigError, SchemaError, TransformError
-from ..provenance import code_version, trainstore_version
-from ..store import Store, open_store
-from .engines import run_tasks
-from .fn_identity import fn_fingerprint, fn_name, importable_ref, library_versions, ship_fn
-from .leases import run_lease, wait_for_data_sweeps
-from .lineage import config_hash
-from .shardio import verify_local_file
-from .transform_shard import ShardTask, portable, read_marker, resolve_fn, run_prefixes, task_keys
-from .versions import (
+from ...errors import ConfigError, SchemaError, TransformError
+from ...store import Store, open_store
+from ..layouts import ARROW_IPC
+from ..leases import run_lease, wait_for_data_sweeps
+from ..lineage import config_hash
+from ..shardio import verify_local_file
+from ..versions import (
     DatasetVersion,
     ShardInfo,
     check_name,
-    commit_version,
+    derive,
     load_version,
-    next_version,
     parse_ref,
     read_shard,
     schema_from_b64,
     tensor_layout,
 )
+from .engines import run_tasks
+from .fn_identity import fn_fingerprint, fn_name, importable_ref, library_versions, ship_fn
+from .shard_task import ShardTask, portable, read_marker, resolve_fn, run_prefixes, task_keys
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def transform(
     tasks = [
         ShardTask(
             store=portable(store), index=i, source=s, out_key=task_keys(out_name, tag, i)[0],
-            marker_key=task_keys(out_name, tag, i)[1],
+            marker_key=task_keys(out_name, tag, i)[1], layout=source.layout,
             fn_name=name_of_fn, fn_ref=fn_ref, fn_blob=fn_blob, fn_kwargs=kwargs,
             batch_rows=config.batch_rows, cache_dir=config.cache_dir,
         )
@@ -197,16 +196,7 @@ def _commit(store: Store, source: DatasetVersion, out_name: str, tasks: list[Sha
                 f"transform output of shard {task.source.key} has schema {s}, but shard "
                 f"{tasks[0].source.key} has {schema}; fn must return one schema"
             )
-    for _attempt in range(10):
-        version = DatasetVersion(
-            name=out_name, version=next_version(store, out_name), layout="arrow-ipc", schema=schema,
-            shards=tuple(info for info, _ in ordered), parents=(source.id,), operation="transform",
-            config=cfg, config_hash=digest, code_version=code_version(), trainstore_version=trainstore_version(),
-            extra={"columns": column_info(schema), "engine": config.engine, "workers": config.workers,
-                   "resumed_shards": skipped},
-        )
-        try:
-            return commit_version(store, version)
-        except AlreadyExistsError:
-            continue
-    raise AlreadyExistsError(f"could not commit a version of {out_name!r}: lost the race 10 times")
+    return derive(store, (source,), "transform", cfg, [info for info, _ in ordered], name=out_name,
+                  layout=ARROW_IPC.name, schema=schema, digest=digest,
+                  extra={"columns": column_info(schema), "engine": config.engine, "workers": config.workers,
+                         "resumed_shards": skipped})

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SchemaError
+from ...errors import SchemaError
 from .exact import Locate, cast_exact, record_at, short, values_to_array
 
 

@@ -34,9 +34,9 @@ import blake3
 import filelock
 import pyarrow as pa
 
-from ..errors import ConfigError, StoreError
-from ..fileio import fsync_dir, io_error, write_all
-from .versions import ShardInfo
+from ...errors import ConfigError, StoreError
+from ...fileio import fsync_dir, io_error, write_all
+from ..versions import ShardInfo
 
 MAGIC = b"TSW1"
 _HEADER = struct.Struct("<4sQ16s")

@@ -13,9 +13,9 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .ingest_journal import PendingEntry
-from .lineage import file_digest
-from .versions import ShardInfo, SourceFile
+from ..lineage import file_digest
+from ..versions import ShardInfo, SourceFile
+from .journal import PendingEntry
 
 _BLANK = b" \t\r\n"
 

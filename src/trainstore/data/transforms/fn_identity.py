@@ -37,7 +37,7 @@ from typing import Any
 
 import blake3
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 try:
     import cloudpickle

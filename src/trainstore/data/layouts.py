@@ -1,0 +1,237 @@
+"""Shard layouts by name: how the shards of a dataset version are encoded and read.
+
+A version's manifest names its layout (``DatasetVersion.layout``); every place that writes
+or reads shard bytes asks this registry (``get_layout(name)``) instead of testing layout
+strings, like mosaic-streaming's reader registry or litdata's ``register_downloader``.
+Built in:
+
+* ``"parquet"``: compressed, columnar (raw and cleaned data; what ``clean`` and
+  ``transform`` read). Not served by ``Dataset`` yet.
+* ``"arrow-ipc"``: uncompressed Arrow IPC *files* (features): memory-mapped, zero-copy
+  record batches, what ``Dataset`` / ``Loader`` serve.
+
+A layout opens one shard file (``ShardLayout.open``) into a ``ShardFile``: row count,
+schema, record batches, rows by range, and the byte ranges of the file that hold a row range
+(what a reader fetching parts of a shard from the store needs). ``register_layout`` adds a
+layout; a manifest naming an unregistered layout does not load.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from .. import naming
+from ..errors import ConfigError
+
+#: a local file path, or the shard's bytes
+ShardSource = str | pa.Buffer | bytes | memoryview
+
+
+def _input(source: Any, memory_map: bool) -> Any:
+    if isinstance(source, str):
+        return pa.memory_map(source, "r") if memory_map else source
+    return pa.BufferReader(pa.py_buffer(source))
+
+
+class ShardFile(ABC):
+    """One open shard: what a reader of shards needs."""
+
+    @property
+    @abstractmethod
+    def num_rows(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def schema(self) -> pa.Schema: ...
+
+    @abstractmethod
+    def batches(self) -> list[pa.RecordBatch]:
+        """Every record batch of the shard, in order (zero-copy where the layout maps)."""
+
+    @abstractmethod
+    def iter_batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """The rows in order, as batches of at most ``batch_rows`` rows (bounded memory)."""
+
+    @abstractmethod
+    def read_rows(self, start: int, stop: int) -> pa.Table:
+        """Rows ``[start, stop)``."""
+
+    @abstractmethod
+    def byte_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """``(offset, length)`` of the parts of the file that hold rows ``[start, stop)``
+        (the whole file where the layout cannot say finer)."""
+
+    def close(self) -> None:  # noqa: B027 - optional: most layouts hold nothing to release
+        """Release what the open file holds."""
+
+
+class ShardLayout(ABC):
+    """A named shard encoding: writes shard bytes and opens shard files."""
+
+    #: the name manifests record
+    name: str
+    #: how messages name it ("Parquet")
+    title: str
+    #: file name suffix of its shards
+    suffix: str
+    #: whether ``Dataset`` serves versions of this layout (random row access, memory-mapped)
+    servable: bool = False
+
+    @abstractmethod
+    def encode(self, table: pa.Table, **options: Any) -> pa.Buffer:
+        """The bytes of one shard holding ``table``."""
+
+    @abstractmethod
+    def open(self, source: ShardSource) -> ShardFile:
+        """Open one shard (a local path, memory-mapped where the layout allows, or bytes)."""
+
+
+# -- parquet ------------------------------------------------------------------------------------
+class _ParquetFile(ShardFile):
+    def __init__(self, source: ShardSource) -> None:
+        self._file = pq.ParquetFile(_input(source, memory_map=False), memory_map=isinstance(source, str))
+        self._meta = self._file.metadata
+
+    @property
+    def num_rows(self) -> int:
+        return self._meta.num_rows
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._file.schema_arrow
+
+    def batches(self) -> list[pa.RecordBatch]:
+        return self._file.read().to_batches()
+
+    def iter_batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        return self._file.iter_batches(batch_size=batch_rows)
+
+    def _groups(self, start: int, stop: int) -> tuple[list[int], int]:
+        """Row groups overlapping ``[start, stop)`` and the first row of the first one."""
+        groups, first, row = [], 0, 0
+        for i in range(self._meta.num_row_groups):
+            n = self._meta.row_group(i).num_rows
+            if row < stop and row + n > start:
+                if not groups:
+                    first = row
+                groups.append(i)
+            row += n
+        return groups, first
+
+    def read_rows(self, start: int, stop: int) -> pa.Table:
+        groups, first = self._groups(start, stop)
+        if not groups:
+            return self.schema.empty_table()
+        return self._file.read_row_groups(groups).slice(start - first, stop - start)
+
+    def byte_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        out = []
+        for i in self._groups(start, stop)[0]:
+            group = self._meta.row_group(i)
+            for c in range(group.num_columns):
+                col = group.column(c)
+                offset = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+                out.append((offset, col.total_compressed_size))
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ParquetLayout(ShardLayout):
+    name, title, suffix = "parquet", "Parquet", ".parquet"
+
+    def encode(self, table: pa.Table, *, compression: str = "zstd", compression_level: int | None = None,
+               **_: Any) -> pa.Buffer:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression=compression, compression_level=compression_level)
+        return sink.getvalue()
+
+    def open(self, source: ShardSource) -> ShardFile:
+        return _ParquetFile(source)
+
+
+# -- arrow ipc ----------------------------------------------------------------------------------
+class _ArrowIpcFile(ShardFile):
+    def __init__(self, source: ShardSource) -> None:
+        self._source = _input(source, memory_map=True)
+        self._reader = ipc.open_file(self._source)
+        self._batches = [self._reader.get_batch(i) for i in range(self._reader.num_record_batches)]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.num_rows for b in self._batches)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._reader.schema
+
+    def batches(self) -> list[pa.RecordBatch]:
+        return list(self._batches)
+
+    def iter_batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        for batch in self._batches:
+            for start in range(0, batch.num_rows, batch_rows):
+                yield batch.slice(start, batch_rows)
+
+    def read_rows(self, start: int, stop: int) -> pa.Table:
+        return pa.Table.from_batches(self._batches, schema=self.schema).slice(start, stop - start)
+
+    def byte_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        return [(0, self._source.size())]  # pyarrow does not expose the footer's batch offsets
+
+    def close(self) -> None:
+        self._source.close()
+
+
+class ArrowIpcLayout(ShardLayout):
+    name, title, suffix, servable = "arrow-ipc", "Arrow IPC", ".arrow", True
+
+    def encode(self, table: pa.Table, **_: Any) -> pa.Buffer:
+        """Uncompressed, one record batch per ``table`` chunk."""
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=max(table.num_rows, 1)):
+                writer.write_batch(batch)
+        return sink.getvalue()
+
+    def open(self, source: ShardSource) -> ShardFile:
+        return _ArrowIpcFile(source)
+
+
+# -- registry -----------------------------------------------------------------------------------
+_LAYOUTS: dict[str, ShardLayout] = {}
+
+
+def register_layout(layout: ShardLayout, *, replace: bool = False) -> ShardLayout:
+    """Make ``layout`` known by ``layout.name`` (``ConfigError`` if taken, unless ``replace``)."""
+    name = naming.check_name(layout.name, "layout name")
+    if name in _LAYOUTS and not replace:
+        raise ConfigError(f"shard layout {name!r} is already registered")
+    _LAYOUTS[name] = layout
+    return layout
+
+
+def get_layout(name: str) -> ShardLayout:
+    """The layout registered as ``name``; ``ConfigError`` naming the known ones if none."""
+    try:
+        return _LAYOUTS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown shard layout {name!r} (known: {', '.join(sorted(_LAYOUTS))})") from None
+
+
+def layout_names() -> tuple[str, ...]:
+    return tuple(sorted(_LAYOUTS))
+
+
+PARQUET = register_layout(ParquetLayout())
+ARROW_IPC = register_layout(ArrowIpcLayout())
+
+__all__ = ["ARROW_IPC", "PARQUET", "ShardFile", "ShardLayout", "ShardSource", "get_layout", "layout_names",
+           "register_layout"]
