@@ -36,7 +36,7 @@ from ..errors import (
 )
 from ..provenance import code_version, trainstore_version
 from ..store.base import Buffer, Store, validate_key
-from .layouts import layout_names
+from .layouts import get_layout, layout_names
 from .lineage import config_hash
 
 FORMAT = "trainstore.dataset/1"
@@ -320,6 +320,7 @@ def derive(
     (``AlreadyExistsError`` if taken: the caller re-plans, as ``commit`` of an ingest does).
     """
     config = dict(config)
+    get_layout(layout)  # ConfigError for an unregistered layout, before anything is committed
     made = DatasetVersion(
         name=check_name(name), version=version or 0, layout=layout, schema=schema, shards=tuple(shards),
         parents=tuple(p.id if isinstance(p, DatasetVersion) else p for p in parents), operation=operation,
