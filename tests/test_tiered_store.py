@@ -104,3 +104,18 @@ def test_failed_hot_fill_drops_the_older_hot_copy(tmp_path):
     """)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-2000:]
+
+
+def test_chunk_read_through_a_read_only_view_skips_repair(tmp_path):
+    """A bad hot copy read through a read-only view: the good durable copy is returned and
+    nothing is written (the repair a writable store would do is refused, not raised)."""
+    from trainstore.chunks import ChunkStore
+
+    node = TieredStore(open_store(str(tmp_path / "hot")), open_store(f"memory://{uuid.uuid4().hex}"))
+    data = bytes(range(256)) * 64
+    ref = ChunkStore(node).put(data).ref
+    key = ref.key()
+    node.hot.put(key, b"\x00" * len(bytes(node.hot.get(key))))  # bit rot in the hot copy
+    got = ChunkStore(node.with_read_only()).get(ref)
+    assert bytes(got) == data
+    assert bytes(node.hot.get(key)) == b"\x00" * len(bytes(node.durable.get(key)))  # not repaired

@@ -48,6 +48,7 @@ from .errors import (
     ConflictError,
     ManifestError,
     NotFoundError,
+    ReadOnlyError,
     StoreError,
 )
 from .store.base import Buffer, Store
@@ -319,7 +320,7 @@ class ChunkStore:
         for tier, k, problem in bad:
             try:
                 tier.put(k, stored)
-            except StoreError as exc:  # the read still succeeds; the next read retries the repair
+            except (StoreError, ReadOnlyError) as exc:  # the read still succeeds; a later read retries
                 log.error("chunk %s: could not repair the bad copy in %s: %s", k, tier.url, exc)
                 continue
             event = RepairEvent(k, tier.url, f"{src.url} {src_key}", problem)
