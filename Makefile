@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch pinned exactly: a CPU wheel on this machine; never a plain `torch` requirement.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[torch,data,ray,test,hf,lightning,torchdata]'
+	$(PIP) install -q -e '.[torch,data,ray,test,hf,lightning,torchdata,torchtitan]'
 	touch $(STAMP)
 
 venv: $(STAMP)
