@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+
 import blosc2
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from trainstore import codecs
+from trainstore import codecs, codecs_bytegroup
 from trainstore.errors import ChunkCorruptError, ConfigError
 
 DTYPES = [np.float32, np.float16, np.float64, np.int8, np.uint8, np.int64, np.bool_]
@@ -28,7 +29,7 @@ def test_round_trip_every_dtype_with_and_without_out(codec, dtype):
 
 
 @given(data=st.binary(max_size=5000), itemsize=st.sampled_from([1, 2, 3, 4, 8]),
-       codec=st.sampled_from(["zstd", "shuffle-zstd"]))
+       codec=st.sampled_from(["zstd", "shuffle-zstd", "bytegroup-zstd"]))
 @settings(max_examples=60, deadline=None)
 def test_round_trip_any_bytes_any_element_size(data, itemsize, codec):
     enc = codecs.encode(data, codec, itemsize)
@@ -93,3 +94,67 @@ def test_bad_codec_names_and_element_sizes_are_config_errors():
         codecs.encode(b"x", "gzip")
     with pytest.raises(ConfigError, match="element size"):
         codecs.encode(b"x" * 8, "shuffle-zstd", 0)
+
+
+def _planes_of(enc: bytes) -> list[tuple[int, int]]:
+    """(mode, stored size) of every plane of a bytegroup container (mode 0 raw, 1 zstd)."""
+    nplanes = enc[6]
+    return [struct.unpack_from("<BQ", enc, 16 + 9 * k) for k in range(nplanes)]
+
+
+def test_bytegroup_keeps_noisy_mantissa_planes_raw_and_codes_the_exponent_plane():
+    a = (np.random.default_rng(4).standard_normal(1 << 18) * 0.02).astype(np.float32)
+    enc = bytes(codecs.encode(memoryview(a).cast("B"), "bytegroup-zstd", 4))
+    planes = _planes_of(enc)
+    plane = a.nbytes // 4
+    assert [m for m, _ in planes[:3]] == [0, 0, 0]  # low mantissa bytes: raw
+    assert planes[3][0] == 1 and planes[3][1] < plane * 0.45  # rotated exponent byte: ~3 bits of 8
+    # the exponent byte holds exactly the 8 exponent bits: 0.02-scaled normals span few of them
+    exponents = (a.view(np.uint32) >> 23) & 0xFF
+    assert planes[3][1] < plane * (len(np.unique(exponents)).bit_length() + 1) / 8
+    assert bytes(codecs.decode(enc, "bytegroup-zstd", a.nbytes)) == a.tobytes()
+
+
+def test_bytegroup_round_trips_bf16_and_odd_sizes_into_out():
+    import torch
+
+    w = torch.randn(3, 100_001).mul(0.02).bfloat16()
+    raw = w.view(torch.uint8).numpy().tobytes()
+    enc = codecs.encode(raw, "bytegroup-zstd", 2)
+    out = bytearray(len(raw))
+    codecs.decode(enc, "bytegroup-zstd", len(raw), out=memoryview(out))
+    assert bytes(out) == raw
+    odd = raw[:-1]  # not whole elements: falls back to one plane
+    assert bytes(codecs.decode(codecs.encode(odd, "bytegroup-zstd", 2), "bytegroup-zstd", len(odd))) == odd
+
+
+def _bytegroup_corruptions(enc: bytes) -> dict[str, bytes]:
+    table_end = 16 + 9 * enc[6]
+    return {
+        "truncated header": enc[:10],
+        "truncated table": enc[:table_end - 3],
+        "truncated planes": enc[:-5],
+        "bytes appended": enc + b"\x00" * 9,
+        "other magic": b"TSZ" + enc[3:],
+        "unknown version": enc[:3] + b"\x07" + enc[4:],
+        "plane count lies": enc[:6] + b"\x03" + enc[7:],
+        "element size lies": enc[:4] + b"\x01" + enc[5:],
+        "unknown rotation": enc[:5] + b"\x02" + enc[6:],
+        "header raw size lies": enc[:8] + (4).to_bytes(8, "little") + enc[16:],
+        "unknown plane mode": enc[:16] + b"\x05" + enc[17:],
+        "raw plane size lies": enc[:17] + (5).to_bytes(8, "little") + enc[25:],
+        "zstd plane garbage": enc[:table_end] + bytes(len(enc) - table_end),
+        "zstd plane size lies": enc[:16 + 28] + (7).to_bytes(8, "little") + enc[16 + 36:],
+    }
+
+
+@pytest.mark.parametrize("case", list(_bytegroup_corruptions(bytes(64))))
+def test_corrupt_bytegroup_container_is_a_chunk_corrupt_error_naming_the_chunk(case):
+    a = (np.random.default_rng(5).standard_normal(1 << 16) * 0.02).astype(np.float32)
+    enc = bytes(codecs.encode(memoryview(a).cast("B"), "bytegroup-zstd", 4))
+    assert enc[:3] == codecs_bytegroup.MAGIC and _planes_of(enc)[3][0] == 1
+    bad = _bytegroup_corruptions(enc)[case]
+    with pytest.raises(ChunkCorruptError, match="chunks/cd34"):
+        codecs.decode(bad, "bytegroup-zstd", a.nbytes, key="chunks/cd34")
+    with pytest.raises(ChunkCorruptError):
+        codecs.decode(bad, "bytegroup-zstd", a.nbytes, key="chunks/cd34", out=memoryview(bytearray(a.nbytes)))

@@ -7,6 +7,9 @@ Codec names are stable strings recorded in every chunk reference:
 * ``shuffle-zstd``: byte shuffle (byte k of every element together, so the slowly varying
   sign/exponent bytes of floats compress), then zstd.
 * ``shuffle-lz4``: byte shuffle then lz4: faster, compresses less (python-blosc2).
+* ``bytegroup-zstd``: the ZipNN idea (codecs_bytegroup.py): rotate every 2/4/8-byte element
+  left by one bit so a float's exponent fills one byte, group bytes into planes, zstd each
+  plane on its own and keep the planes zstd cannot shrink (low mantissa bytes) raw.
 
 ``zstd`` and ``shuffle-zstd`` are written as a 24-byte header (``TSZ``, version, element
 size, raw size, frame size) + one zstd frame of the shuffled bytes: the shuffle is numpy, the coder the
@@ -21,16 +24,16 @@ so a hostile chunk cannot make us allocate more than its reference promises.
 from __future__ import annotations
 
 import struct
-import threading
 from dataclasses import dataclass
 
 import blosc2
 import numpy as np
-import zstandard
 
+from . import codecs_bytegroup
 from .errors import ChunkCorruptError, ConfigError
+from .zstd_frames import compressor, decode_frame_into, scratch
 
-CODECS = ("raw", "zstd", "shuffle-zstd", "shuffle-lz4")
+CODECS = ("raw", "zstd", "shuffle-zstd", "shuffle-lz4", "bytegroup-zstd")
 
 #: The largest chunk we will ever decode (guards against hostile references).
 MAX_CHUNK_BYTES = 1 << 30
@@ -41,7 +44,6 @@ _TSZ = struct.Struct("<3sBBxxxQQ")
 _TSZ_MAGIC = b"TSZ"
 _TSZ_VERSION = 1
 _ZSTD_CODECS = ("zstd", "shuffle-zstd")
-_tls = threading.local()
 
 
 @dataclass(frozen=True)
@@ -91,41 +93,24 @@ def encode(data: memoryview | bytes, codec: str, itemsize: int = 1, *, level: in
         raise ConfigError(f"element size must be 1..255 bytes, got {itemsize}")
     if n % itemsize or codec == "zstd":
         itemsize = 1  # shuffle needs whole elements; fall back to bytes
-    if codec in _ZSTD_CODECS:
+    if codec in _ZSTD_CODECS or codec == "bytegroup-zstd":
         if n > MAX_CHUNK_BYTES:
             raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {MAX_CHUNK_BYTES}")
+    if codec == "bytegroup-zstd":
+        return codecs_bytegroup.encode(data, itemsize, level)
+    if codec in _ZSTD_CODECS:
         src = np.frombuffer(data, dtype=np.uint8)
         planes = src if itemsize == 1 else _shuffle(src, itemsize)
-        frame = _compressor(level).compress(planes)
+        frame = compressor(level).compress(planes)
         return _TSZ.pack(_TSZ_MAGIC, _TSZ_VERSION, itemsize, n, len(frame)) + frame
     if n > _BLOSC_MAX:
         raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {_BLOSC_MAX}")
     return blosc2.compress2(data, clevel=level, nthreads=threads, **_params(codec, itemsize))
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
-    """This thread's compressor for ``level`` (blosc2's mapping of levels 0-9 to zstd's)."""
-    cache = getattr(_tls, "compressors", None)
-    if cache is None:
-        cache = _tls.compressors = {}
-    c = cache.get(level)
-    if c is None:
-        zlevel = 19 if level >= 9 else max(1, 2 * level - 1)
-        c = cache[level] = zstandard.ZstdCompressor(level=zlevel, write_content_size=True, write_checksum=False)
-    return c
-
-
-def _scratch(n: int) -> np.ndarray:
-    """A per-thread reusable uint8 buffer of at least ``n`` bytes (touched once, then reused)."""
-    buf = getattr(_tls, "scratch", None)
-    if buf is None or buf.nbytes < n:
-        buf = _tls.scratch = np.zeros(n, dtype=np.uint8)
-    return buf[:n]
-
-
 def _shuffle(src: np.ndarray, itemsize: int) -> np.ndarray:
     """Byte planes of ``src`` (plane k = byte k of every element), in a per-thread buffer."""
-    out = _scratch(src.nbytes)
+    out = scratch(src.nbytes)
     planes, elems = out.reshape(itemsize, -1), src.reshape(-1, itemsize)
     for k in range(itemsize):  # one strided pass per plane: numpy copies without the GIL
         planes[k] = elems[:, k]
@@ -151,32 +136,12 @@ def _decode_tsz(stored: memoryview | bytes, raw_size: int, key: str,
     frame = view[_TSZ.size:]
     if frame.nbytes != frame_size:
         raise ChunkCorruptError(f"chunk {key}: zstd frame of {frame.nbytes} bytes, header says {frame_size}")
-    try:
-        content = zstandard.frame_content_size(frame)
-    except zstandard.ZstdError:
-        raise ChunkCorruptError(f"chunk {key}: not a valid zstd frame (bad header)") from None
-    if content not in (raw_size, -1):
-        raise ChunkCorruptError(f"chunk {key}: zstd frame holds {content} bytes, reference says {raw_size}")
     result: memoryview | bytearray = memoryview(out).cast("B") if out is not None else bytearray(raw_size)
     dst = np.frombuffer(result, dtype=np.uint8)
     if dst.nbytes != raw_size:
         raise ChunkCorruptError(f"chunk {key}: destination holds {dst.nbytes} bytes, reference says {raw_size}")
-    target = dst if itemsize == 1 else _scratch(raw_size)
-    try:
-        got = 0
-        with zstandard.ZstdDecompressor().stream_reader(frame, read_across_frames=False) as reader:
-            tview = memoryview(target)
-            while got < raw_size:
-                k = reader.readinto(tview[got:])
-                if k == 0:
-                    break
-                got += k
-            extra = reader.read(1)
-    except zstandard.ZstdError as exc:
-        raise ChunkCorruptError(f"chunk {key}: zstd stream failed to decode: {exc}") from None
-    if got != raw_size or extra:
-        raise ChunkCorruptError(f"chunk {key}: zstd stream decodes to {'more than ' if extra else ''}"
-                                f"{got} bytes, reference says {raw_size}")
+    target = dst if itemsize == 1 else scratch(raw_size)
+    decode_frame_into(frame, memoryview(target), key)
     if itemsize > 1:
         _unshuffle(target, itemsize, dst)
     return out if out is not None else result
@@ -195,6 +160,8 @@ def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = 
             memoryview(out).cast("B")[:] = memoryview(stored).cast("B")
             return out
         return stored
+    if codec == "bytegroup-zstd":
+        return codecs_bytegroup.decode(stored, raw_size, key, out)
     if codec in _ZSTD_CODECS and bytes(memoryview(stored).cast("B")[:3]) == _TSZ_MAGIC:
         return _decode_tsz(stored, raw_size, key, out)
     try:

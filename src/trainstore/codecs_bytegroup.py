@@ -1,0 +1,145 @@
+"""The ``bytegroup-zstd`` chunk container: the ZipNN idea with numpy + zstandard.
+
+A float's sign bit sits above its exponent, so byte-shuffled float32/bf16 data puts the sign
+and 7 exponent bits in one plane and the last exponent bit among mantissa bits. Here every
+2-, 4- or 8-byte element is first rotated left by one bit (sign to the lowest bit, the
+exponent fills the top byte exactly for float32 and bfloat16), then its bytes are grouped
+into planes (plane k = byte k of every element) and each plane is stored on its own: as a
+zstd frame, or raw when a sample shows zstd would not shrink it (the noisy low mantissa
+bytes), which skips their compression on save and their decompression on restore. Planes
+are coded with zstd's fast mode tuned to prefer literals (zstd_frames.plane_compressor):
+the exponent plane is low-entropy noise, where level 1's short matches cost more than
+Huffman-coded bytes (what ZipNN's own Huffman coder exploits).
+
+The rotation is a bijection on any bytes, so the codec is lossless for every dtype; it only
+pays off on floats. Layout (little endian)::
+
+    "TSG" version:u8 itemsize:u8 rotate:u8 planes:u8 pad:u8 raw_size:u64
+    planes x (mode:u8 stored_size:u64)        mode 0 = raw, 1 = zstd frame
+    the planes' stored bytes, in order
+
+The decoder checks every size against the reference's raw size before writing anything.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .errors import ChunkCorruptError
+from .zstd_frames import decode_frame_into, plane_compressor, scratch
+
+MAGIC = b"TSG"
+_VERSION = 1
+_HEADER = struct.Struct("<3sBBBBxQ")
+_PLANE = struct.Struct("<BQ")
+_RAW, _ZSTD = 0, 1
+_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+#: A plane is kept raw when zstd shrinks a sample of it to more than this fraction.
+RAW_PLANE_ABOVE = 0.97
+_SAMPLE = 64 << 10
+
+
+def _rotate_left(src: np.ndarray, itemsize: int) -> np.ndarray:
+    """``src`` with every element rotated left by one bit, in a per-thread buffer."""
+    word = _WORDS[itemsize]
+    x = src.view(word)
+    out, low = scratch(src.nbytes, 1).view(word), scratch(src.nbytes, 2).view(word)
+    np.left_shift(x, 1, out=out)
+    np.right_shift(x, 8 * itemsize - 1, out=low)
+    np.bitwise_or(out, low, out=out)
+    return out.view(np.uint8)
+
+
+def _rotate_right_inplace(dst: np.ndarray, itemsize: int) -> None:
+    word = _WORDS[itemsize]
+    x = dst.view(word)
+    high = scratch(dst.nbytes, 1).view(word)
+    np.left_shift(x, 8 * itemsize - 1, out=high)
+    np.right_shift(x, 1, out=x)
+    np.bitwise_or(x, high, out=x)
+
+
+def _encode_plane(plane: np.ndarray, level: int) -> tuple[int, memoryview | bytes]:
+    c = plane_compressor(level)
+    sample = plane[:_SAMPLE]
+    if sample.nbytes and len(c.compress(sample)) > RAW_PLANE_ABOVE * sample.nbytes:
+        return _RAW, memoryview(plane)
+    frame = c.compress(plane)
+    return (_ZSTD, frame) if len(frame) < plane.nbytes else (_RAW, memoryview(plane))
+
+
+def encode(data: memoryview | bytes, itemsize: int, level: int) -> bytes:
+    """Encode ``data`` (whole elements of ``itemsize`` bytes; the caller checks) as TSG."""
+    src = np.frombuffer(data, dtype=np.uint8)
+    n = src.nbytes
+    rotate = int(itemsize in _WORDS)
+    elems = _rotate_left(src, itemsize) if rotate else src
+    if itemsize == 1:
+        planes = [elems]
+    else:
+        grouped = scratch(n, 0).reshape(itemsize, -1)
+        by_elem = elems.reshape(-1, itemsize)
+        for k in range(itemsize):  # strided numpy copies release the GIL
+            grouped[k] = by_elem[:, k]
+        planes = list(grouped)
+    coded = [_encode_plane(p, level) for p in planes]
+    table = b"".join(_PLANE.pack(mode, memoryview(body).nbytes) for mode, body in coded)
+    return b"".join([_HEADER.pack(MAGIC, _VERSION, itemsize, rotate, len(planes), n), table,
+                     *(body for _, body in coded)])
+
+
+def decode(stored: memoryview | bytes, raw_size: int, key: str,
+           out: memoryview | None) -> memoryview | bytearray:
+    """Decode a TSG chunk into ``out`` (or a new buffer) after checking every size."""
+    view = memoryview(stored).cast("B")
+    if view.nbytes < _HEADER.size:
+        raise ChunkCorruptError(f"chunk {key}: truncated bytegroup container ({view.nbytes} bytes)")
+    magic, version, itemsize, rotate, nplanes, size = _HEADER.unpack_from(view)
+    if magic != MAGIC or version != _VERSION:
+        raise ChunkCorruptError(f"chunk {key}: not a bytegroup container (magic {magic!r}, version {version})")
+    if itemsize < 1 or nplanes != itemsize or rotate not in (0, int(itemsize in _WORDS)):
+        raise ChunkCorruptError(f"chunk {key}: bad bytegroup header (element size {itemsize}, "
+                                f"{nplanes} planes, rotate {rotate})")
+    if size != raw_size or raw_size % itemsize:
+        raise ChunkCorruptError(f"chunk {key}: header says {size} raw bytes, reference says {raw_size}")
+    plane_size = raw_size // itemsize
+    offset = _HEADER.size + nplanes * _PLANE.size
+    if view.nbytes < offset:
+        raise ChunkCorruptError(f"chunk {key}: truncated bytegroup plane table ({view.nbytes} bytes)")
+    table = [_PLANE.unpack_from(view, _HEADER.size + k * _PLANE.size) for k in range(nplanes)]
+    if any(mode not in (_RAW, _ZSTD) for mode, _ in table):
+        raise ChunkCorruptError(f"chunk {key}: unknown plane mode in {[m for m, _ in table]}")
+    if any(mode == _RAW and length != plane_size for mode, length in table):
+        raise ChunkCorruptError(f"chunk {key}: a raw plane is not {plane_size} bytes")
+    if offset + sum(length for _, length in table) != view.nbytes:
+        raise ChunkCorruptError(f"chunk {key}: planes take {sum(ln for _, ln in table)} bytes, "
+                                f"container has {view.nbytes - offset} after its header")
+    result: memoryview | bytearray = memoryview(out).cast("B") if out is not None else bytearray(raw_size)
+    dst = np.frombuffer(result, dtype=np.uint8)
+    if dst.nbytes != raw_size:
+        raise ChunkCorruptError(f"chunk {key}: destination holds {dst.nbytes} bytes, reference says {raw_size}")
+    if itemsize == 1:
+        mode, length = table[0]
+        if mode == _RAW:
+            dst[:] = np.frombuffer(view[offset:offset + length], dtype=np.uint8)
+        else:
+            decode_frame_into(view[offset:offset + length], memoryview(dst), key)
+        return result
+    decoded = scratch(raw_size, 0).reshape(itemsize, -1)
+    by_elem = dst.reshape(-1, itemsize)
+    for k, (mode, length) in enumerate(table):
+        body = view[offset:offset + length]
+        offset += length
+        if mode == _RAW:
+            by_elem[:, k] = np.frombuffer(body, dtype=np.uint8)
+        else:
+            decode_frame_into(body, memoryview(decoded[k]), key)
+            by_elem[:, k] = decoded[k]
+    if rotate:
+        _rotate_right_inplace(dst, itemsize)
+    return result
+
+
+__all__ = ["MAGIC", "RAW_PLANE_ABOVE", "decode", "encode"]
