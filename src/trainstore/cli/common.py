@@ -1,23 +1,33 @@
-"""Shared CLI plumbing: store options, JSON output, turning TrainstoreError into exit 2."""
+"""Shared CLI plumbing: the store options every command takes, JSON output, time formats, the
+progress bar, and turning a TrainstoreError into one red line and exit status 2."""
 
 from __future__ import annotations
 
+import datetime
+import inspect
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import TrainstoreError
+from ..store import Store, open_store
 
 console = Console()
 err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+JsonOpt = typer.Option(False, "--json", help="machine-readable output")
+JobOpt = typer.Option(..., "--job", "-j", help="job name")
 
 
 def emit_json(obj: Any) -> None:
@@ -40,13 +50,65 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def store_options(endpoint: str | None, region: str | None, allow_http: bool | None) -> dict:
-    """open_store keyword arguments from the common CLI flags (credentials come from env)."""
-    opts: dict = {}
-    if endpoint:
-        opts["endpoint"] = endpoint
-    if region:
-        opts["region"] = region
-    if allow_http is not None:
-        opts["allow_http"] = allow_http
-    return opts
+@dataclass(frozen=True)
+class StoreFlags:
+    """The store options of the command line (credentials come from the environment)."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    allow_http: bool | None = None
+
+    def options(self) -> dict[str, Any]:
+        """``open_store`` keyword arguments: only the flags that were given."""
+        given = {"endpoint": self.endpoint, "region": self.region, "allow_http": self.allow_http}
+        return {k: v for k, v in given.items() if v is not None and v != ""}
+
+    def open(self, url: str, **kwargs: Any) -> Store:
+        return open_store(url, **self.options(), **kwargs)
+
+
+# The one definition of the store options: ``with_store_flags`` adds them to a command.
+_STORE_PARAMS = (
+    inspect.Parameter("endpoint", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                      default=typer.Option(None, "--endpoint", help="S3 endpoint URL (e.g. http://127.0.0.1:9000)")),
+    inspect.Parameter("region", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                      default=typer.Option(None, "--region", help="S3 region")),
+    inspect.Parameter("allow_http", inspect.Parameter.KEYWORD_ONLY, annotation=bool | None,
+                      default=typer.Option(None, "--allow-http/--no-allow-http", help="allow plain http endpoints")),
+)
+
+
+def with_store_flags(fn: F) -> F:
+    """Give a command the shared ``--endpoint/--region/--allow-http`` options; it receives
+    them as one ``flags: StoreFlags`` argument."""
+    signature = inspect.signature(fn, eval_str=True)
+    own = [p for name, p in signature.parameters.items() if name != "flags"]
+
+    @wraps(fn)
+    def command(*args: Any, endpoint: str | None = None, region: str | None = None,
+                allow_http: bool | None = None, **kwargs: Any) -> Any:
+        return fn(*args, flags=StoreFlags(endpoint, region, allow_http), **kwargs)
+
+    command.__signature__ = signature.replace(parameters=[*own, *_STORE_PARAMS])  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in command.__signature__.parameters.values()}  # type: ignore[attr-defined]
+    return command  # type: ignore[return-value]
+
+
+def when(t: float | None) -> str:
+    """A unix time as local ISO seconds, ``-`` for none."""
+    return datetime.datetime.fromtimestamp(t).isoformat(timespec="seconds") if t else "-"
+
+
+def secs(s: float | None) -> str:
+    return "-" if s is None else f"{s:,.2f}s"
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator[Progress | None]:
+    """A transient progress bar on stderr (stdout stays clean for --json); None when disabled."""
+    if not enabled:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        yield progress

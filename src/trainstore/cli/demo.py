@@ -22,8 +22,7 @@ from ..chunks import ChunkRef, ChunkStore, ChunkWriter
 from ..codecs import CODECS, CodecConfig
 from ..errors import ChunkCorruptError, ConfigError
 from ..store import Store, open_store
-from .common import console as default_console
-from .common import handle_errors, store_options
+from .common import StoreFlags, console as default_console, handle_errors, with_store_flags
 
 DEFAULT_STORE = "./.demo/store"
 # The full pipeline (trainstore.demo.pipeline) uses the same defaults; duplicated here so the
@@ -189,13 +188,10 @@ def run_foundation_demo(store_url: str = DEFAULT_STORE, options: dict | None = N
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     @handle_errors
+    @with_store_flags
     def demo(
         store: str = typer.Option(DEFAULT_PIPELINE_STORE, "--store",
                                   help="store URL: a directory (default), file://, s3://bucket/prefix, ..."),
-        endpoint: str | None = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
-        region: str | None = typer.Option(None, "--region", help="S3 region"),
-        allow_http: bool | None = typer.Option(None, "--allow-http/--no-allow-http",
-                                                  help="allow plain http endpoints"),
         size: str = typer.Option("default", "--size", help="small (tests, ~1 min) | default | large"),
         small: bool = typer.Option(False, "--small", help="same as --size small"),
         work_dir: str = typer.Option(DEFAULT_WORK, "--work-dir",
@@ -205,10 +201,11 @@ def register(app: typer.Typer) -> None:
                                        help="empty a non-empty store that a previous demo did not fill"),
         foundation: bool = typer.Option(False, "--foundation",
                                         help="run only the quick chunk/codec/dedup tour of the foundation"),
+        flags: StoreFlags = StoreFlags(),
     ) -> None:
         """End-to-end training pipeline: ingest -> clean -> features -> train with checkpoints ->
         crash + resume -> corruption + fallback -> registry, retention, tiers, export; summary + HTML report."""
-        opts = store_options(endpoint, region, allow_http)
+        opts = flags.options()
         if foundation:
             run_foundation_demo("./.demo/foundation" if store == DEFAULT_PIPELINE_STORE else store, opts)
             return
@@ -222,16 +219,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("report")
     @handle_errors
+    @with_store_flags
     def report_cmd(
         store: str = typer.Option(DEFAULT_PIPELINE_STORE, "--store", help="the store a demo run wrote to"),
         out: str = typer.Option("demo-report.html", "--out", help="HTML file to write"),
-        endpoint: str | None = typer.Option(None, "--endpoint", help="S3 endpoint URL"),
-        region: str | None = typer.Option(None, "--region", help="S3 region"),
-        allow_http: bool | None = typer.Option(None, "--allow-http/--no-allow-http",
-                                                  help="allow plain http endpoints"),
+        flags: StoreFlags = StoreFlags(),
     ) -> None:
         """Regenerate the demo's HTML report from the run record saved in a store."""
         from ..demo.report import report_from_store
 
-        path = report_from_store(open_store(store, **store_options(endpoint, region, allow_http)), out)
+        path = report_from_store(flags.open(store), out)
         default_console.print(f"report: {escape(path)}")

@@ -8,28 +8,22 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..store import open_store
-from .common import console, emit_json, handle_errors, store_options
+from .common import JsonOpt, StoreFlags, console, emit_json, handle_errors, with_store_flags
 
 store_app = typer.Typer(help="Inspect a store (local path, file://, s3://, gs://, az://).", no_args_is_help=True)
-
-EndpointOpt = typer.Option(None, "--endpoint", help="S3 endpoint URL (e.g. http://127.0.0.1:9000)")
-RegionOpt = typer.Option(None, "--region", help="S3 region")
-HttpOpt = typer.Option(None, "--allow-http/--no-allow-http", help="allow plain http endpoints")
 
 
 @store_app.command("ls")
 @handle_errors
+@with_store_flags
 def ls(
     url: str,
     prefix: str = typer.Option("", "--prefix", "-p", help="only keys starting with this"),
-    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
-    endpoint: str | None = EndpointOpt,
-    region: str | None = RegionOpt,
-    allow_http: bool | None = HttpOpt,
+    json_out: bool = JsonOpt,
+    flags: StoreFlags = StoreFlags(),
 ) -> None:
     """List the objects of a store."""
-    store = open_store(url, create=False, **store_options(endpoint, region, allow_http))
+    store = flags.open(url, create=False)
     metas = sorted(store.list(prefix), key=lambda m: m.key)
     if json_out:
         emit_json([{"key": m.key, "size": m.size, "mtime": m.mtime} for m in metas])
@@ -42,16 +36,15 @@ def ls(
 
 @store_app.command("du")
 @handle_errors
+@with_store_flags
 def du(
     url: str,
     depth: int = typer.Option(1, "--depth", "-d", min=1, help="group keys by this many path segments"),
-    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
-    endpoint: str | None = EndpointOpt,
-    region: str | None = RegionOpt,
-    allow_http: bool | None = HttpOpt,
+    json_out: bool = JsonOpt,
+    flags: StoreFlags = StoreFlags(),
 ) -> None:
     """Bytes and object counts per top-level prefix."""
-    store = open_store(url, create=False, **store_options(endpoint, region, allow_http))
+    store = flags.open(url, create=False)
     sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for m in store.list(""):
         group = "/".join(m.key.split("/")[:depth])
