@@ -7,10 +7,10 @@ commits one manifest (JSON, no pickle) after every rank succeeded. See docs/dist
 """
 
 from .coordination import (
-           CheckpointTarget,
-           describe_failure,
-           format_checkpoint_id,
-           parse_checkpoint_id,
+    CheckpointTarget,
+    describe_failure,
+    format_checkpoint_id,
+    parse_checkpoint_id,
 )
 from .reader import StorageReader
 from .writer import BaseCache, StorageWriter
