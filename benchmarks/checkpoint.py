@@ -2,6 +2,13 @@
 
     .venv/bin/python benchmarks/checkpoint.py            # (a) 2 GiB float32, (b) 25M+ GPT + AdamW
     .venv/bin/python benchmarks/checkpoint.py --quick    # smoke run (small sizes, 1 repeat)
+    .venv/bin/python benchmarks/checkpoint.py --cold --gib 1 --repeats 3   # + fresh-process figures
+    .venv/bin/python benchmarks/checkpoint.py --cold --cold-only --methods trainstore,torch_save
+
+``--cold`` adds, before the steady-state parts, the fresh-process figures of
+benchmarks/checkpoint_cold.py (every save and restore method in its own new process: first
+save blocking, time to durable, restore into fresh memory) for the (a) state and for a GPT +
+AdamW state, with the first-touch speed of fresh memory measured beside them.
 
 (a) 2 GiB of float32 tensors, interleaved repetitions (median reported) of: plain copy into
 preallocated touched buffers (the floor for blocking time), torch.save+fsync, safetensors
@@ -29,9 +36,11 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
 from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from checkpoint_cold import RESTORE_METHODS, SAVE_METHODS, run_cold  # noqa: E402
 
 
 def fsync_path(path: str) -> None:
@@ -208,12 +217,32 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(h))
 
 
-def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0) -> None:
+def gpt_config(quick: bool) -> dict:
+    return dict(vocab=2048, d=128, layers=2, heads=4, ctx=16) if quick else dict(vocab=2048, d=512, layers=8, heads=8, ctx=16)
+
+
+def trained_gpt_state(quick: bool, steps: int = 10) -> dict:
+    """Model + AdamW state of the (b) GPT after ``steps`` steps (same seed and sizes)."""
+    torch.manual_seed(0)
+    cfg = gpt_config(quick)
+    model = GPT(**cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    data = torch.randint(0, cfg["vocab"], (1024, cfg["ctx"] + 1))
+    for _ in range(steps):
+        batch = data[torch.randint(0, data.shape[0], (2,))]
+        loss = torch.nn.functional.cross_entropy(model(batch[:, :-1]).reshape(-1, cfg["vocab"]), batch[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+
+def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: str | None = None) -> None:
     torch.manual_seed(0)
     # >= 25M parameters, but few tokens per step (batch 2 x 16): 100 AdamW steps take minutes, not
     # hours, on 2 shared cores. The training loop uses 1 torch thread (2 threads spin against each
     # other on an oversubscribed machine); the background save gets the other core.
-    cfg = dict(vocab=2048, d=128, layers=2, heads=4, ctx=16) if quick else dict(vocab=2048, d=512, layers=8, heads=8, ctx=16)
+    cfg = gpt_config(quick)
     batch_size = 2
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -224,7 +253,7 @@ def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0) -> None:
     data = torch.randint(0, cfg["vocab"], (1024, cfg["ctx"] + 1))
     store_dir = os.path.join(root, "gpt-ts")
     mgr = CheckpointManager(store_dir, job="gpt", policy=CheckpointPolicy(full_every=steps, incremental_every=every),
-                            options=WriteOptions(nice=nice))
+                            options=WriteOptions(nice=nice, **({"delta_codec": delta_codec} if delta_codec else {})))
     step_times, busy, blocked = [], [], []
     for step in range(steps + 1):
         busy_now = mgr.pending() is not None
@@ -250,7 +279,7 @@ def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0) -> None:
     n_ckpt = steps // every + 1
     infos = mgr.list()
     print(f"\n[(b) GPT {params / 1e6:.1f}M params + AdamW, {steps} steps, checkpoint every {every}, "
-          f"background nice={nice}]")
+          f"background nice={nice}, delta codec {mgr.options.delta_codec}]")
     print(f"  torch.save size {tsize / 1e6:.1f} MB; {n_ckpt}x = {n_ckpt * tsize / 1e6:.1f} MB")
     print(f"  trainstore stored {stored / 1e6:.1f} MB for {len(infos)} checkpoints = "
           f"{stored / (n_ckpt * tsize):.3f}x of {n_ckpt}x torch.save")
@@ -288,6 +317,11 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir under /tmp)")
     ap.add_argument("--nice", type=int, default=0, help="WriteOptions.nice for the (b) training run")
     ap.add_argument("--only-b", action="store_true", help="skip (a) (e.g. to compare --nice settings)")
+    ap.add_argument("--delta-codec", default=None, help="WriteOptions.delta_codec for the (b) training run")
+    ap.add_argument("--cold", action="store_true", help="also fresh-process figures (checkpoint_cold.py)")
+    ap.add_argument("--cold-only", action="store_true", help="only the fresh-process figures")
+    ap.add_argument("--methods", default=",".join(SAVE_METHODS + RESTORE_METHODS),
+                    help="fresh-process methods to run (comma separated): " + ", ".join(SAVE_METHODS + RESTORE_METHODS))
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     gib = args.gib or (0.125 if args.quick else 2.0)
@@ -297,9 +331,26 @@ def main() -> None:
         print(f"trainstore checkpoint benchmark: torch {torch.__version__}, {os.cpu_count()} CPUs, dir {root}, "
               f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         os.makedirs(os.path.join(root, "cmp"), exist_ok=True)
+        if args.cold or args.cold_only:
+            methods = [m for m in args.methods.split(",") if m]
+            unknown = set(methods) - set(SAVE_METHODS + RESTORE_METHODS)
+            if unknown:
+                raise SystemExit(f"unknown --methods {sorted(unknown)}")
+            if not args.only_b:
+                torch.manual_seed(0)
+                per = int(gib * (1 << 30)) // 4 // 16
+                state = {f"t{i}": torch.randn(per) for i in range(16)}
+                run_cold(f"(a) {gib:g} GiB float32 in 16 tensors", state, os.path.join(root, "cold-a"), repeats, methods)
+                del state
+                shutil.rmtree(os.path.join(root, "cold-a"), ignore_errors=True)
+            run_cold("(b) GPT model + AdamW state (after 10 steps)", trained_gpt_state(args.quick),
+                     os.path.join(root, "cold-b"), repeats, methods)
+            shutil.rmtree(os.path.join(root, "cold-b"), ignore_errors=True)
+        if args.cold_only:
+            return
         if not args.only_b:
             bench_tensors(gib, repeats, root)
-        bench_gpt(args.quick, repeats, root, args.nice)
+        bench_gpt(args.quick, repeats, root, args.nice, args.delta_codec)
         print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(root, ignore_errors=True)

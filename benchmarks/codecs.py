@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from checkpoint import GPT  # noqa: E402
 
 from trainstore import codecs  # noqa: E402
