@@ -1,11 +1,45 @@
-"""Shared fixtures: a real S3-protocol server (moto) on 127.0.0.1, and store factories."""
+"""Shared fixtures: a real S3-protocol server (moto) on 127.0.0.1, and store factories; and
+``require``: the one way a test depends on an optional package or program."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
+from types import ModuleType
 
 import pytest
+
+
+def in_ci() -> bool:
+    """CI runs every test (``.ci/run`` sets ``CI=1``): a missing dependency fails there."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def _missing(what: str, install: str) -> None:
+    msg = f"{what} is not installed; install it with: {install}"
+    if in_ci():
+        pytest.fail(f"{msg} (CI must run every test: `make venv` / `make test` should install it)", pytrace=False)
+    pytest.skip(msg, allow_module_level=True)
+
+
+def require(module: str, *, install: str) -> ModuleType:
+    """Import an optional package for a test: locally a visible skip naming ``install`` when it
+    is missing, in CI a failure (a test never skips silently there)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        _missing(f"the Python package {module!r}", install)
+        raise  # unreachable: skip/fail raise
+
+
+def require_program(name: str, path: str | None, *, install: str) -> str:
+    """``path`` of a program a test needs (found by the caller), with ``require``'s behaviour
+    when it is None."""
+    if path is None:
+        _missing(f"the program {name!r}", install)
+    assert path is not None
+    return path
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 

@@ -7,6 +7,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import require  # tests/conftest.py: optional dependencies
 
 from trainstore.data.ingest import IngestConfig, Ingestor
 from trainstore.data.transforms import DROP, CleanConfig, clean, transform
@@ -152,7 +153,7 @@ def test_transform_rejects_a_fn_that_is_not_callable_or_does_not_import(tmp_path
 
 @pytest.mark.timeout(180)
 def test_ray_engine_matches_local_engine(tmp_path):
-    ray = pytest.importorskip("ray")
+    ray = require("ray", install="pip install 'trainstore[ray]'")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     store = _text_dataset(tmp_path)
     kw = {"column": "text", "length": 16}

@@ -8,6 +8,7 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from conftest import require  # tests/conftest.py: optional dependencies
 
 from trainstore.data.transforms import TransformConfig, transform
 from trainstore.data.transforms.engines import check_ray_store
@@ -47,7 +48,7 @@ class _Cancel(BaseException):
 
 @pytest.mark.timeout(240)
 def test_ray_engine_starts_and_stops_its_own_ray_and_a_cancel_publishes_nothing(tmp_path):
-    ray = pytest.importorskip("ray")
+    ray = require("ray", install="pip install 'trainstore[ray]'")
     assert not ray.is_initialized()
     store = small_dataset(tmp_path)
     calls = []
@@ -71,7 +72,7 @@ def test_ray_engine_starts_and_stops_its_own_ray_and_a_cancel_publishes_nothing(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_engine_keeps_the_callers_ray_and_a_failed_task_publishes_nothing_then_resumes(tmp_path):
-    ray = pytest.importorskip("ray")
+    ray = require("ray", install="pip install 'trainstore[ray]'")
     store = small_dataset(tmp_path)
     flag = tmp_path / "flag"
     flag.write_text("fail")

@@ -9,6 +9,7 @@ import os
 import shutil
 
 import pytest
+from conftest import require_program  # tests/conftest.py: optional dependencies
 
 from trainstore.demo.report import PLOTS
 
@@ -31,9 +32,7 @@ CHECK = """JSON.stringify({
 def test_report_renders_in_chromium(demo_run, tmp_path):
     import json
 
-    chromium = chromium_path()
-    if chromium is None:
-        pytest.skip("chromium is not installed (make test installs Debian's chromium via `make chromium`)")
+    chromium = require_program("chromium", chromium_path(), install="apt-get install chromium (make chromium)")
     from .cdp import Browser, inspect_page
 
     browser = Browser(chromium, str(tmp_path / "profile"))
@@ -59,9 +58,7 @@ def test_report_renders_in_chromium(demo_run, tmp_path):
 
 def test_broken_page_is_caught(demo_run, tmp_path):
     """The check can fail: a page with a script error and a missing plot is reported."""
-    chromium = chromium_path()
-    if chromium is None:
-        pytest.skip("chromium is not installed")
+    chromium = require_program("chromium", chromium_path(), install="apt-get install chromium (make chromium)")
     from .cdp import Browser, inspect_page
 
     html = open(demo_run["report"], encoding="utf-8").read()

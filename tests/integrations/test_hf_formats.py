@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import require  # tests/conftest.py: optional dependencies
 
-pytest.importorskip("transformers")
+require("transformers", install="pip install 'trainstore[hf]'")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require  # tests/conftest.py: optional dependencies
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+require("transformers", install="pip install 'trainstore[hf]'")
+require("accelerate", install="pip install 'trainstore[hf]'")
 
 from trainstore.checkpoint import CheckpointManager  # noqa: E402
 

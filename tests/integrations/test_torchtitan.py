@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import require  # tests/conftest.py: optional dependencies
 
-pytest.importorskip("torchtitan")
+require("torchtitan", install="pip install torchtitan")
 
 from trainstore.checkpoint import CheckpointManager  # noqa: E402
 from trainstore.dcp import StorageReader, StorageWriter, format_checkpoint_id  # noqa: E402

@@ -2,7 +2,8 @@
 
 Each area lives in its own module (``cli/store.py``, ``cli/ckpt.py``, ``cli/data.py``,
 ``cli/demo.py``) and exposes ``register(app)``; a missing optional dependency of one area
-does not break the others.
+does not break the others. ``trainstore --version`` prints the version; ``python -m
+trainstore`` runs the same app (``trainstore/__main__.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import importlib
 
 import typer
+
+from .. import __version__
 
 app = typer.Typer(
     name="trainstore",
@@ -19,6 +22,20 @@ app = typer.Typer(
 )
 
 _AREAS = ("store", "ckpt", "data", "demo")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"trainstore {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print trainstore's version and exit"),
+) -> None:
+    """Storage for AI training pipelines: stores, checkpoints, datasets, serving."""
 
 
 def _register_areas() -> None:
