@@ -108,7 +108,7 @@ def test_bytegroup_keeps_noisy_mantissa_planes_raw_and_codes_the_exponent_plane(
     planes = _planes_of(enc)
     plane = a.nbytes // 4
     assert [m for m, _ in planes[:3]] == [0, 0, 0]  # low mantissa bytes: raw
-    assert planes[3][0] == 1 and planes[3][1] < plane * 0.45  # rotated exponent byte: ~3 bits of 8
+    assert planes[3][0] == 1 and planes[3][1] < plane * 0.45  # the exponent byte: ~3 bits of 8
     # the exponent byte holds exactly the 8 exponent bits: 0.02-scaled normals span few of them
     exponents = (a.view(np.uint32) >> 23) & 0xFF
     assert planes[3][1] < plane * (len(np.unique(exponents)).bit_length() + 1) / 8
@@ -139,7 +139,7 @@ def _bytegroup_corruptions(enc: bytes) -> dict[str, bytes]:
         "unknown version": enc[:3] + b"\x07" + enc[4:],
         "plane count lies": enc[:6] + b"\x03" + enc[7:],
         "element size lies": enc[:4] + b"\x01" + enc[5:],
-        "unknown rotation": enc[:5] + b"\x02" + enc[6:],
+        "unknown bit swap": enc[:5] + b"\x02" + enc[6:],
         "header raw size lies": enc[:8] + (4).to_bytes(8, "little") + enc[16:],
         "unknown plane mode": enc[:16] + b"\x05" + enc[17:],
         "raw plane size lies": enc[:17] + (5).to_bytes(8, "little") + enc[25:],
@@ -158,3 +158,33 @@ def test_corrupt_bytegroup_container_is_a_chunk_corrupt_error_naming_the_chunk(c
         codecs.decode(bad, "bytegroup-zstd", a.nbytes, key="chunks/cd34")
     with pytest.raises(ChunkCorruptError):
         codecs.decode(bad, "bytegroup-zstd", a.nbytes, key="chunks/cd34", out=memoryview(bytearray(a.nbytes)))
+
+
+def test_incrementals_default_to_bytegroup_and_earlier_shuffle_zstd_deltas_still_restore(tmp_path):
+    import torch
+
+    from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
+    from trainstore.checkpoint.writer import WriteOptions
+
+    def state(step: int) -> dict:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(1 << 17, generator=g) * 0.02
+        moved = torch.randn(1 << 17, generator=torch.Generator().manual_seed(step)) * 1e-4 * step
+        return {"w": w + moved, "exp_avg_sq": (moved * moved).add(1e-8)}
+
+    policy = CheckpointPolicy(full_every=100, incremental_every=1)
+    small = {"chunk_bytes": 64 << 10}
+    old = CheckpointManager(str(tmp_path), job="j", policy=policy, options=WriteOptions(delta_codec="shuffle-zstd", **small))
+    old.save(0, state(0), blocking=True)
+    old.save(1, state(1), blocking=True)
+    old.close()
+    new = CheckpointManager(str(tmp_path), job="j", policy=policy, options=WriteOptions(**small))
+    assert new.options.delta_codec == "bytegroup-zstd"
+    new.save(2, state(2), blocking=True)
+    suffixes = {p.suffix for p in tmp_path.rglob("*") if p.is_file()}
+    assert {".shuffle-zstd", ".bytegroup-zstd"} <= suffixes
+    for step in (0, 1, 2):
+        got = new.restore(step=step)
+        for name, t in state(step).items():
+            assert torch.equal(got[name].view(torch.int32), t.view(torch.int32)), (step, name)
+    new.close()

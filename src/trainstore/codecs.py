@@ -7,9 +7,9 @@ Codec names are stable strings recorded in every chunk reference:
 * ``shuffle-zstd``: byte shuffle (byte k of every element together, so the slowly varying
   sign/exponent bytes of floats compress), then zstd.
 * ``shuffle-lz4``: byte shuffle then lz4: faster, compresses less (python-blosc2).
-* ``bytegroup-zstd``: the ZipNN idea (codecs_bytegroup.py): rotate every 2/4/8-byte element
-  left by one bit so a float's exponent fills one byte, group bytes into planes, zstd each
-  plane on its own and keep the planes zstd cannot shrink (low mantissa bytes) raw.
+* ``bytegroup-zstd``: the ZipNN idea (codecs_bytegroup.py): byte planes with a float's
+  whole exponent in one plane, each plane zstd-coded on its own (tuned to prefer literals)
+  or kept raw when it is noise (low mantissa bytes). The incremental (delta) default.
 
 ``zstd`` and ``shuffle-zstd`` are written as a 24-byte header (``TSZ``, version, element
 size, raw size, frame size) + one zstd frame of the shuffled bytes: the shuffle is numpy, the coder the

@@ -1,20 +1,21 @@
 """The ``bytegroup-zstd`` chunk container: the ZipNN idea with numpy + zstandard.
 
 A float's sign bit sits above its exponent, so byte-shuffled float32/bf16 data puts the sign
-and 7 exponent bits in one plane and the last exponent bit among mantissa bits. Here every
-2-, 4- or 8-byte element is first rotated left by one bit (sign to the lowest bit, the
-exponent fills the top byte exactly for float32 and bfloat16), then its bytes are grouped
-into planes (plane k = byte k of every element) and each plane is stored on its own: as a
-zstd frame, or raw when a sample shows zstd would not shrink it (the noisy low mantissa
-bytes), which skips their compression on save and their decompression on restore. Planes
-are coded with zstd's fast mode tuned to prefer literals (zstd_frames.plane_compressor):
-the exponent plane is low-entropy noise, where level 1's short matches cost more than
-Huffman-coded bytes (what ZipNN's own Huffman coder exploits).
+and 7 exponent bits in one plane and the last exponent bit among mantissa bits. Here the
+elements' bytes are grouped into planes (plane k = byte k of every element) and, for
+elements of 2 bytes or more, the top bits of the two highest planes are swapped: the
+highest plane then holds exactly the 8 exponent bits of a float32 or bfloat16 (ZipNN moves
+the sign bit for the same reason), the sign joins the noisy mantissa bits. Each plane is
+stored on its own: as a zstd frame, or raw when a sample shows zstd would not shrink it (the
+noisy low mantissa bytes), which skips their compression on save and their decompression on
+restore. Planes are coded with zstd's fast mode tuned to prefer literals
+(zstd_frames.plane_compressor): the exponent plane is low-entropy noise, where level 1's
+short matches cost more than Huffman-coded bytes (what ZipNN's own Huffman coder exploits).
 
-The rotation is a bijection on any bytes, so the codec is lossless for every dtype; it only
+The swap is its own inverse on any bytes, so the codec is lossless for every dtype; it only
 pays off on floats. Layout (little endian)::
 
-    "TSG" version:u8 itemsize:u8 rotate:u8 planes:u8 pad:u8 raw_size:u64
+    "TSG" version:u8 itemsize:u8 swap:u8 planes:u8 pad:u8 raw_size:u64
     planes x (mode:u8 stored_size:u64)        mode 0 = raw, 1 = zstd frame
     the planes' stored bytes, in order
 
@@ -35,30 +36,17 @@ _VERSION = 1
 _HEADER = struct.Struct("<3sBBBBxQ")
 _PLANE = struct.Struct("<BQ")
 _RAW, _ZSTD = 0, 1
-_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: A plane is kept raw when zstd shrinks a sample of it to more than this fraction.
 RAW_PLANE_ABOVE = 0.97
 _SAMPLE = 64 << 10
 
 
-def _rotate_left(src: np.ndarray, itemsize: int) -> np.ndarray:
-    """``src`` with every element rotated left by one bit, in a per-thread buffer."""
-    word = _WORDS[itemsize]
-    x = src.view(word)
-    out, low = scratch(src.nbytes, 1).view(word), scratch(src.nbytes, 2).view(word)
-    np.left_shift(x, 1, out=out)
-    np.right_shift(x, 8 * itemsize - 1, out=low)
-    np.bitwise_or(out, low, out=out)
-    return out.view(np.uint8)
-
-
-def _rotate_right_inplace(dst: np.ndarray, itemsize: int) -> None:
-    word = _WORDS[itemsize]
-    x = dst.view(word)
-    high = scratch(dst.nbytes, 1).view(word)
-    np.left_shift(x, 8 * itemsize - 1, out=high)
-    np.right_shift(x, 1, out=x)
-    np.bitwise_or(x, high, out=x)
+def _swap_top_bits(high: np.ndarray, next_high: np.ndarray) -> None:
+    """Exchange bit 7 of ``high`` and ``next_high`` element-wise, in place (self-inverse)."""
+    diff = np.bitwise_xor(high, next_high)
+    np.bitwise_and(diff, 0x80, out=diff)
+    np.bitwise_xor(high, diff, out=high)
+    np.bitwise_xor(next_high, diff, out=next_high)
 
 
 def _encode_plane(plane: np.ndarray, level: int) -> tuple[int, memoryview | bytes]:
@@ -74,19 +62,19 @@ def encode(data: memoryview | bytes, itemsize: int, level: int) -> bytes:
     """Encode ``data`` (whole elements of ``itemsize`` bytes; the caller checks) as TSG."""
     src = np.frombuffer(data, dtype=np.uint8)
     n = src.nbytes
-    rotate = int(itemsize in _WORDS)
-    elems = _rotate_left(src, itemsize) if rotate else src
+    swap = int(itemsize > 1)
     if itemsize == 1:
-        planes = [elems]
+        planes = [src]
     else:
         grouped = scratch(n, 0).reshape(itemsize, -1)
-        by_elem = elems.reshape(-1, itemsize)
+        by_elem = src.reshape(-1, itemsize)
         for k in range(itemsize):  # strided numpy copies release the GIL
             grouped[k] = by_elem[:, k]
+        _swap_top_bits(grouped[-1], grouped[-2])
         planes = list(grouped)
     coded = [_encode_plane(p, level) for p in planes]
     table = b"".join(_PLANE.pack(mode, memoryview(body).nbytes) for mode, body in coded)
-    return b"".join([_HEADER.pack(MAGIC, _VERSION, itemsize, rotate, len(planes), n), table,
+    return b"".join([_HEADER.pack(MAGIC, _VERSION, itemsize, swap, len(planes), n), table,
                      *(body for _, body in coded)])
 
 
@@ -96,12 +84,12 @@ def decode(stored: memoryview | bytes, raw_size: int, key: str,
     view = memoryview(stored).cast("B")
     if view.nbytes < _HEADER.size:
         raise ChunkCorruptError(f"chunk {key}: truncated bytegroup container ({view.nbytes} bytes)")
-    magic, version, itemsize, rotate, nplanes, size = _HEADER.unpack_from(view)
+    magic, version, itemsize, swap, nplanes, size = _HEADER.unpack_from(view)
     if magic != MAGIC or version != _VERSION:
         raise ChunkCorruptError(f"chunk {key}: not a bytegroup container (magic {magic!r}, version {version})")
-    if itemsize < 1 or nplanes != itemsize or rotate not in (0, int(itemsize in _WORDS)):
+    if itemsize < 1 or nplanes != itemsize or swap not in (0, int(itemsize > 1)):
         raise ChunkCorruptError(f"chunk {key}: bad bytegroup header (element size {itemsize}, "
-                                f"{nplanes} planes, rotate {rotate})")
+                                f"{nplanes} planes, swap {swap})")
     if size != raw_size or raw_size % itemsize:
         raise ChunkCorruptError(f"chunk {key}: header says {size} raw bytes, reference says {raw_size}")
     plane_size = raw_size // itemsize
@@ -137,8 +125,8 @@ def decode(stored: memoryview | bytes, raw_size: int, key: str,
         else:
             decode_frame_into(body, memoryview(decoded[k]), key)
             by_elem[:, k] = decoded[k]
-    if rotate:
-        _rotate_right_inplace(dst, itemsize)
+    if swap:
+        _swap_top_bits(by_elem[:, -1], by_elem[:, -2])
     return result
 
 
