@@ -237,7 +237,8 @@ def trained_gpt_state(quick: bool, steps: int = 10) -> dict:
     return {"model": model.state_dict(), "optim": opt.state_dict()}
 
 
-def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: str | None = None) -> None:
+def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: str | None = None,
+              full_codec: str | None = None) -> None:
     torch.manual_seed(0)
     # >= 25M parameters, but few tokens per step (batch 2 x 16): 100 AdamW steps take minutes, not
     # hours, on 2 shared cores. The training loop uses 1 torch thread (2 threads spin against each
@@ -253,7 +254,8 @@ def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: 
     data = torch.randint(0, cfg["vocab"], (1024, cfg["ctx"] + 1))
     store_dir = os.path.join(root, "gpt-ts")
     mgr = CheckpointManager(store_dir, job="gpt", policy=CheckpointPolicy(full_every=steps, incremental_every=every),
-                            options=WriteOptions(nice=nice, **({"delta_codec": delta_codec} if delta_codec else {})))
+                            options=WriteOptions(nice=nice, **({"delta_codec": delta_codec} if delta_codec else {}),
+                                                 **({"codec": full_codec, "raw_above": 1.0} if full_codec else {})))
     step_times, busy, blocked = [], [], []
     for step in range(steps + 1):
         busy_now = mgr.pending() is not None
@@ -279,7 +281,8 @@ def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: 
     n_ckpt = steps // every + 1
     infos = mgr.list()
     print(f"\n[(b) GPT {params / 1e6:.1f}M params + AdamW, {steps} steps, checkpoint every {every}, "
-          f"background nice={nice}, delta codec {mgr.options.delta_codec}]")
+          f"background nice={nice}, delta codec {mgr.options.delta_codec}, full codec {mgr.options.codec} "
+          f"(raw above {mgr.options.raw_above})]")
     print(f"  torch.save size {tsize / 1e6:.1f} MB; {n_ckpt}x = {n_ckpt * tsize / 1e6:.1f} MB")
     print(f"  trainstore stored {stored / 1e6:.1f} MB for {len(infos)} checkpoints = "
           f"{stored / (n_ckpt * tsize):.3f}x of {n_ckpt}x torch.save")
@@ -318,6 +321,7 @@ def main() -> None:
     ap.add_argument("--nice", type=int, default=0, help="WriteOptions.nice for the (b) training run")
     ap.add_argument("--only-b", action="store_true", help="skip (a) (e.g. to compare --nice settings)")
     ap.add_argument("--delta-codec", default=None, help="WriteOptions.delta_codec for the (b) training run")
+    ap.add_argument("--full-codec", default=None, help="WriteOptions.codec (with raw_above=1.0) for the (b) run")
     ap.add_argument("--cold", action="store_true", help="also fresh-process figures (checkpoint_cold.py)")
     ap.add_argument("--cold-only", action="store_true", help="only the fresh-process figures")
     ap.add_argument("--methods", default=",".join(SAVE_METHODS + RESTORE_METHODS),
@@ -350,7 +354,7 @@ def main() -> None:
             return
         if not args.only_b:
             bench_tensors(gib, repeats, root)
-        bench_gpt(args.quick, repeats, root, args.nice, args.delta_codec)
+        bench_gpt(args.quick, repeats, root, args.nice, args.delta_codec, args.full_codec)
         print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
