@@ -61,7 +61,7 @@ def test_parquet_byte_ranges_cover_only_the_row_groups_asked_for(tmp_path):
 
 
 def test_registry_refuses_unknown_and_duplicate_names_and_takes_new_ones():
-    with pytest.raises(ConfigError, match="unknown shard layout 'orc'.*arrow-ipc, parquet"):
+    with pytest.raises(ConfigError, match="unknown shard layout .orc.*arrow-ipc.*parquet"):
         get_layout("orc")
     with pytest.raises(ConfigError, match="already registered"):
         register_layout(ParquetLayout())

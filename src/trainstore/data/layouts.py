@@ -6,9 +6,12 @@ strings, like mosaic-streaming's reader registry or litdata's ``register_downloa
 Built in:
 
 * ``"parquet"``: compressed, columnar (raw and cleaned data; what ``clean`` and
-  ``transform`` read). Not served by ``Dataset`` yet.
+  ``transform`` read). Served directly: whole shards decoded from the node cache, or single
+  row groups fetched by byte ranges (``serve.parquet``).
 * ``"arrow-ipc"``: uncompressed Arrow IPC *files* (features): memory-mapped, zero-copy
-  record batches, what ``Dataset`` / ``Loader`` serve.
+  record batches, what ``Dataset`` / ``Loader`` serve fastest.
+* ``"arrow-stream"``: Arrow IPC *streams* (the ``data-*.arrow`` files of a Hugging Face
+  ``datasets`` folder written by ``save_to_disk``): memory-mapped, zero-copy, served.
 
 A layout opens one shard file (``ShardLayout.open``) into a ``ShardFile``: row count,
 schema, record batches, rows by range, and the byte ranges of the file that hold a row range
@@ -145,7 +148,7 @@ class _ParquetFile(ShardFile):
 
 
 class ParquetLayout(ShardLayout):
-    name, title, suffix = "parquet", "Parquet", ".parquet"
+    name, title, suffix, servable = "parquet", "Parquet", ".parquet", True
 
     def encode(self, table: pa.Table, *, compression: str = "zstd", compression_level: int | None = None,
                **_: Any) -> pa.Buffer:
@@ -205,6 +208,27 @@ class ArrowIpcLayout(ShardLayout):
         return _ArrowIpcFile(source)
 
 
+# -- arrow ipc stream (Hugging Face datasets) ----------------------------------------------------
+class _ArrowStreamFile(_ArrowIpcFile):
+    def __init__(self, source: ShardSource) -> None:  # noqa: PLW0231 - a stream has no footer to open
+        self._source = _input(source, memory_map=True)
+        self._reader = ipc.open_stream(self._source)
+        self._batches = list(self._reader)
+
+
+class ArrowStreamLayout(ShardLayout):
+    name, title, suffix, servable = "arrow-stream", "Arrow IPC stream", ".arrow", True
+
+    def encode(self, table: pa.Table, **_: Any) -> pa.Buffer:
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue()
+
+    def open(self, source: ShardSource) -> ShardFile:
+        return _ArrowStreamFile(source)
+
+
 # -- registry -----------------------------------------------------------------------------------
 _LAYOUTS: dict[str, ShardLayout] = {}
 
@@ -232,6 +256,7 @@ def layout_names() -> tuple[str, ...]:
 
 PARQUET = register_layout(ParquetLayout())
 ARROW_IPC = register_layout(ArrowIpcLayout())
+ARROW_STREAM = register_layout(ArrowStreamLayout())
 
-__all__ = ["ARROW_IPC", "PARQUET", "ShardFile", "ShardLayout", "ShardSource", "get_layout", "layout_names",
+__all__ = ["ARROW_IPC", "ARROW_STREAM", "PARQUET", "ShardFile", "ShardLayout", "ShardSource", "get_layout", "layout_names",
            "register_layout"]

@@ -1,11 +1,16 @@
 """Map-style access to a servable feature dataset version, memory-mapped from the hot tier.
 
-Served layouts are those ``data.layouts`` marks ``servable`` (today ``"arrow-ipc"``:
-uncompressed Arrow IPC *files*); fixed-shape tensor columns are ``fixed_size_list<primitive>``
+Served layouts are those ``data.layouts`` marks ``servable`` (``"arrow-ipc"``, ``"parquet"``,
+``"arrow-stream"``); fixed-shape tensor columns are ``fixed_size_list<primitive>``
 whose per-row shape is in ``extra["columns"]`` (or field metadata ``shape``). A shard is
 pinned in the ``NodeCache`` while open and read by its layout (``serve.open_shard``): column
 arrays are zero-copy numpy views of the mapped file. ``ds[i]`` returns a dict of per-row views; ``ds.take(indices)`` gathers rows from many
 shards into fresh batched arrays (one copy, no per-row Python work).
+
+Parquet versions are served as well: whole shards decoded from the node cache (the
+``Loader``), or, for ``ds[i]`` and ``take(..., ranges=True)`` on a shard not cached, only the
+row groups the rows need, fetched by byte ranges (``serve.parquet``). ``Dataset.open(url)``
+serves a Parquet directory or a Hugging Face ``datasets`` folder as it is (``serve.external``).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import numpy as np
 from ...errors import CapacityError, ConfigError, SchemaError
 from ...nodecache import CacheConfig, NodeCache
 from ...store import Store, open_store
-from ..layouts import get_layout, layout_names
-from ..versions import DatasetVersion, load_version, parse_ref
+from ..layouts import PARQUET, get_layout, layout_names
+from ..versions import DatasetVersion, ShardInfo, load_version, parse_ref
+from .external import describe_external
 from .open_shard import OpenShard, column_spec
+from .parquet import ParquetRanges
 
 # -- reading ---------------------------------------------------------------------------------
 #: the default hot-tier limit takes at most this fraction of the cache directory's free space
@@ -46,6 +53,14 @@ def default_cache_limit(cache_dir: str, dataset_bytes: int, max_shard_bytes: int
         return want, f"dataset ({dataset_bytes} B) + one shard of headroom; fits in half the free space"
     return max(cap, max_shard_bytes), (f"half the free space of {probe} ({free} B free); the dataset "
                                         f"({dataset_bytes} B) does not fit, shards are evicted after use")
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> str:
+    """``cache_dir``, else ``$TRAINSTORE_CACHE_DIR``, else ``~/.cache/trainstore/hot``."""
+    if cache_dir is not None:
+        return os.fspath(cache_dir)
+    default = os.environ.get("TRAINSTORE_CACHE_DIR")
+    return default or os.path.join(os.path.expanduser("~"), ".cache", "trainstore", "hot")
 
 
 @dataclass(frozen=True)
@@ -109,11 +124,7 @@ class Dataset:
         self.column_names = tuple(names)
         self._specs = {n: column_spec(self.version, n) for n in names}
         self.max_shard_bytes = max((s.bytes for s in self.shards), default=0)
-        if cfg.cache_dir is None:
-            default = os.environ.get("TRAINSTORE_CACHE_DIR")
-            self._cache_dir = default or os.path.join(os.path.expanduser("~"), ".cache", "trainstore", "hot")
-        else:
-            self._cache_dir = cfg.cache_dir
+        self._cache_dir = resolve_cache_dir(cfg.cache_dir)
         if cfg.cache_limit:
             self.cache_limit, self.cache_limit_reason = cfg.cache_limit, "set by the caller"
         else:
@@ -126,6 +137,31 @@ class Dataset:
                 f"({big.bytes} bytes) of {self.version.id}; raise cache_limit"
             )
         self._reset_process_state()
+
+    @classmethod
+    def open(
+        cls,
+        url: Store | str | os.PathLike[str],
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        columns: Sequence[str] | None = None,
+        config: DatasetConfig | None = None,
+        **store_options: Any,
+    ) -> Dataset:
+        """Serve the data at ``url`` as it is, read-only: a directory of Parquet files or a
+        Hugging Face ``datasets`` folder (``save_to_disk``), detected from its files."""
+        store = open_store(url, create=False, **store_options) if not isinstance(url, Store) else url
+        cache_root = resolve_cache_dir(cache_dir if cache_dir is not None else (config or DatasetConfig()).cache_dir)
+        sizes = [m.size for m in store.list("")]
+        limit = cache_limit or (config.cache_limit if config else None) or default_cache_limit(
+            cache_root, sum(sizes), max(sizes, default=0))[0]
+        counting = NodeCache(store, cache_root, config=CacheConfig(limit))
+        version = describe_external(store, lambda key, size: counting.open(key, size=size))
+        return cls(store, version, cache_dir=cache_root, cache_limit=cache_limit, columns=columns, config=config)
+
+    from_parquet = open
+    from_hf = open
 
     # -- process-local state (rebuilt after fork / unpickling) --------------------------------
     def _reset_process_state(self) -> None:
@@ -148,10 +184,12 @@ class Dataset:
         except ImportError:
             pass
         self._open_budget = max(budget, self.max_shard_bytes)
+        self._ranges = (ParquetRanges(self.store, self.shards, self._specs, self._open_budget)
+                        if self.layout is PARQUET else None)
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_cache", "_lock", "_open", "_opening")}
+                 if k not in ("_cache", "_lock", "_open", "_opening", "_ranges")}
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -184,9 +222,7 @@ class Dataset:
         try:
             self._shrink(self.shards[shard].bytes)
             info = self.shards[shard]
-            handle = self._cache.pin(
-                info.key, checksum=info.checksum if self.config.verify else None, size=info.bytes
-            )
+            handle = self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes)
             try:
                 op = OpenShard(handle, handle.path, info, self.layout, self._specs)
             except BaseException:
@@ -240,8 +276,22 @@ class Dataset:
         """Fill ``shard`` into the hot tier without opening it."""
         info = self.shards[shard]
         self._check_pid()
-        self._cache.prefetch(info.key, checksum=info.checksum if self.config.verify else None,
-                             size=info.bytes)
+        self._cache.prefetch(info.key, checksum=self._checksum(info), size=info.bytes)
+
+    def _checksum(self, info: ShardInfo) -> str | None:
+        """What the node cache verifies a fill against (external files have no checksum)."""
+        return (info.checksum or None) if self.config.verify else None
+
+    def _ranged(self, shard: int) -> bool:
+        """Whether rows of ``shard`` are read by byte ranges: a Parquet shard neither open nor
+        in the node cache."""
+        if self._ranges is None:
+            return False
+        self._check_pid()
+        with self._lock:
+            if shard in self._open:
+                return False
+        return not self._cache.contains(self.shards[shard].key)
 
     @property
     def cache(self) -> NodeCache:
@@ -267,14 +317,18 @@ class Dataset:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         i = self._check_index(index)
         s = self.shard_of(i)
+        if self._ranged(s):
+            assert self._ranges is not None
+            return self._ranges.row(s, i - int(self.offsets[s]))
         op = self.acquire(s)
         try:
             return op.row(i - int(self.offsets[s]))
         finally:
             self.release(op)
 
-    def take(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """Rows ``indices`` as a dict of batched arrays (one gather per shard)."""
+    def take(self, indices: Sequence[int] | np.ndarray, *, ranges: bool = False) -> dict[str, np.ndarray]:
+        """Rows ``indices`` as a dict of batched arrays (one gather per shard). ``ranges``: a
+        Parquet shard not cached is read by row groups (byte ranges) instead of whole."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if idx.size and (idx.min() < -n or idx.max() >= n):
@@ -290,6 +344,10 @@ class Dataset:
         for group in np.split(order, bounds) if len(order) else []:
             s = int(shard_ids[group[0]])
             local = idx[group] - self.offsets[s]
+            if ranges and self._ranged(s):
+                assert self._ranges is not None
+                self._ranges.gather(s, local, out, group)
+                continue
             op = self.acquire(s)
             try:
                 op.gather(local, out, group)
@@ -301,4 +359,4 @@ class Dataset:
         return f"Dataset({self.version.id}, rows={len(self)}, shards={len(self.shards)})"
 
 
-__all__ = ["CACHE_FREE_FRACTION", "Dataset", "DatasetConfig", "default_cache_limit"]
+__all__ = ["CACHE_FREE_FRACTION", "Dataset", "DatasetConfig", "default_cache_limit", "resolve_cache_dir"]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ...errors import SchemaError
+from ...errors import IntegrityError, SchemaError
 from ..layouts import ShardLayout
 from ..versions import DatasetVersion, ShardInfo, tensor_layout
 
@@ -62,7 +62,7 @@ def column_view(arr: pa.Array, spec: ColumnSpec, name: str, key: str) -> np.ndar
 _ROW_COPY_BYTES = 2048
 
 
-def _copy_rows(dst: np.ndarray, positions: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:
+def copy_rows(dst: np.ndarray, positions: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:
     """dst[positions] = src[rows]. Large rows are copied one by one (a straight memcpy each,
     the GIL released, no temporary); fancy indexing would gather into a temporary first and
     then scatter, and is 2-20x slower for rows of 100 KB and up."""
@@ -83,7 +83,10 @@ class OpenShard:
         self.handle = handle
         self.info = info
         self.users = 0
-        batches = layout.open(path).batches()
+        try:
+            batches = layout.open(path).batches()
+        except (pa.ArrowException, OSError) as exc:  # an external file has no checksum to catch it earlier
+            raise IntegrityError(f"shard {info.key}: not a readable {layout.title} file ({exc})") from None
         rows = sum(b.num_rows for b in batches)
         if rows != info.rows:
             raise SchemaError(f"shard {info.key} has {rows} rows, manifest says {info.rows}")
@@ -104,18 +107,18 @@ class OpenShard:
         """``out[name][positions] = rows local`` for every column."""
         if len(self.starts) == 1:
             for name, chunks in self.chunks.items():
-                _copy_rows(out[name], positions, chunks[0], local)
+                copy_rows(out[name], positions, chunks[0], local)
             return
         cid = np.searchsorted(self.starts, local, side="right") - 1
         for c in np.unique(cid):
             sel = cid == c
             rows = local[sel] - self.starts[c]
             for name, chunks in self.chunks.items():
-                _copy_rows(out[name], positions[sel], chunks[c], rows)
+                copy_rows(out[name], positions[sel], chunks[c], rows)
 
     def close(self) -> None:
         if self.handle is not None:
             self.handle.close()
 
 
-__all__ = ["ColumnSpec", "OpenShard", "column_spec", "column_view"]
+__all__ = ["ColumnSpec", "OpenShard", "column_spec", "column_view", "copy_rows"]

@@ -1,0 +1,60 @@
+"""Existing data on any store URL as a read-only ``DatasetVersion``, with no conversion.
+
+``describe_external`` lists the store and detects the layout: a Hugging Face ``datasets``
+folder (``state.json`` / ``dataset_info.json``, see ``serve.hf``) or a directory of Parquet
+files (``*.parquet``, recursively, in name order; names starting with ``_`` or ``.`` such as
+``_SUCCESS`` are skipped). Parquet row counts and schema come from the footers, read by byte
+ranges. Every file must have the first file's schema (``IntegrityError`` naming the file).
+The version is not committed anywhere: number 0, operation ``"external"``, no checksums
+(the node cache checks sizes only).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from ...errors import IntegrityError, NotFoundError
+from ...store import Store
+from ..layouts import ARROW_STREAM, PARQUET
+from ..versions import DatasetVersion, ShardInfo
+from .hf import LocalOpener, describe_hf, is_hf_folder
+from .parquet import parquet_footer
+
+
+def _visible(key: str) -> bool:
+    return not any(part.startswith(("_", ".")) for part in key.split("/"))
+
+
+def describe_parquet(store: Store, sizes: dict[str, int]) -> tuple[pa.Schema, list[ShardInfo]]:
+    keys = sorted(k for k in sizes if k.endswith(".parquet") and _visible(k))
+    if not keys:
+        raise NotFoundError(f"{store.url}: no Parquet files and no Hugging Face datasets folder")
+    schema: pa.Schema | None = None
+    shards = []
+    for key in keys:
+        meta = parquet_footer(store, key, sizes[key])
+        file_schema = meta.schema.to_arrow_schema()
+        if schema is None:
+            schema = file_schema
+        elif not file_schema.remove_metadata().equals(schema.remove_metadata()):
+            raise IntegrityError(f"{store.url}/{key}: schema {file_schema} differs from the first file's {schema}")
+        shards.append(ShardInfo(key, meta.num_rows, sizes[key], ""))
+    assert schema is not None
+    return schema, shards
+
+
+def describe_external(store: Store, open_local: LocalOpener) -> DatasetVersion:
+    """The data at ``store``'s root as a version (see the module docstring)."""
+    sizes = {m.key: m.size for m in store.list("")}
+    if is_hf_folder(set(sizes)):
+        layout = ARROW_STREAM.name
+        schema, shards = describe_hf(store, sizes, open_local)
+    else:
+        layout = PARQUET.name
+        schema, shards = describe_parquet(store, sizes)
+    name = store.url.rstrip("/").rsplit("/", 1)[-1] or "external"
+    return DatasetVersion(name=name, version=0, layout=layout, schema=schema, shards=tuple(shards),
+                          operation="external", extra={"source": store.url})
+
+
+__all__ = ["describe_external", "describe_parquet"]
