@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from ...errors import CapacityError, ConfigError, SchemaError
-from ...nodecache import CacheConfig, NodeCache
+from ...nodecache import CacheConfig, NodeCache, PinnedFile
 from ...store import Store, open_store
 from ..layouts import PARQUET, get_layout, layout_names
 from ..versions import DatasetVersion, ShardInfo, load_version, parse_ref
@@ -125,6 +126,8 @@ class Dataset:
         self._specs = {n: column_spec(self.version, n) for n in names}
         self.max_shard_bytes = max((s.bytes for s in self.shards), default=0)
         self._cache_dir = resolve_cache_dir(cfg.cache_dir)
+        #: Parquet footers read already (by ``open``), by shard key
+        self._footers: dict[str, pq.FileMetaData] = {}
         if cfg.cache_limit:
             self.cache_limit, self.cache_limit_reason = cfg.cache_limit, "set by the caller"
         else:
@@ -157,8 +160,11 @@ class Dataset:
         limit = cache_limit or (config.cache_limit if config else None) or default_cache_limit(
             cache_root, sum(sizes), max(sizes, default=0))[0]
         counting = NodeCache(store, cache_root, config=CacheConfig(limit))
-        version = describe_external(store, lambda key, size: counting.open(key, size=size))
-        return cls(store, version, cache_dir=cache_root, cache_limit=cache_limit, columns=columns, config=config)
+        footers: dict[str, pq.FileMetaData] = {}
+        version = describe_external(store, lambda key, size: counting.open(key, size=size), footers)
+        ds = cls(store, version, cache_dir=cache_root, cache_limit=cache_limit, columns=columns, config=config)
+        ds._footers.update(footers)
+        return ds
 
     from_parquet = open
     from_hf = open
@@ -184,16 +190,17 @@ class Dataset:
         except ImportError:
             pass
         self._open_budget = max(budget, self.max_shard_bytes)
-        self._ranges = (ParquetRanges(self.store, self.shards, self._specs, self._open_budget)
+        self._ranges = (ParquetRanges(self.store, self.shards, self._specs, self._open_budget, self._footers)
                         if self.layout is PARQUET else None)
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_cache", "_lock", "_open", "_opening", "_ranges")}
+                 if k not in ("_cache", "_lock", "_open", "_opening", "_ranges", "_footers")}
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._footers = {}
         self._reset_process_state()
 
     def _check_pid(self) -> None:
@@ -274,9 +281,14 @@ class Dataset:
 
     def prefetch_shard(self, shard: int) -> None:
         """Fill ``shard`` into the hot tier without opening it."""
+        self.pin_shard(shard).close()
+
+    def pin_shard(self, shard: int) -> PinnedFile:
+        """Fill ``shard`` into the node cache and hold it there (no process of the node can
+        evict it) until the returned handle is closed."""
         info = self.shards[shard]
         self._check_pid()
-        self._cache.prefetch(info.key, checksum=self._checksum(info), size=info.bytes)
+        return self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes)
 
     def _checksum(self, info: ShardInfo) -> str | None:
         """What the node cache verifies a fill against (external files have no checksum)."""

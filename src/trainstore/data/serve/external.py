@@ -12,6 +12,7 @@ The version is not committed anywhere: number 0, operation ``"external"``, no ch
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ...errors import IntegrityError, NotFoundError
 from ...store import Store
@@ -25,14 +26,16 @@ def _visible(key: str) -> bool:
     return not any(part.startswith(("_", ".")) for part in key.split("/"))
 
 
-def describe_parquet(store: Store, sizes: dict[str, int]) -> tuple[pa.Schema, list[ShardInfo]]:
+def describe_parquet(store: Store, sizes: dict[str, int],
+                     footers: dict[str, pq.FileMetaData]) -> tuple[pa.Schema, list[ShardInfo]]:
+    """(schema, shards) of the Parquet files; their footers are added to ``footers``."""
     keys = sorted(k for k in sizes if k.endswith(".parquet") and _visible(k))
     if not keys:
         raise NotFoundError(f"{store.url}: no Parquet files and no Hugging Face datasets folder")
     schema: pa.Schema | None = None
     shards = []
     for key in keys:
-        meta = parquet_footer(store, key, sizes[key])
+        meta = footers[key] = parquet_footer(store, key, sizes[key])
         file_schema = meta.schema.to_arrow_schema()
         if schema is None:
             schema = file_schema
@@ -43,15 +46,17 @@ def describe_parquet(store: Store, sizes: dict[str, int]) -> tuple[pa.Schema, li
     return schema, shards
 
 
-def describe_external(store: Store, open_local: LocalOpener) -> DatasetVersion:
-    """The data at ``store``'s root as a version (see the module docstring)."""
+def describe_external(store: Store, open_local: LocalOpener,
+                      footers: dict[str, pq.FileMetaData]) -> DatasetVersion:
+    """The data at ``store``'s root as a version (see the module docstring); the Parquet
+    footers read are added to ``footers`` (so that serving does not read them again)."""
     sizes = {m.key: m.size for m in store.list("")}
     if is_hf_folder(set(sizes)):
         layout = ARROW_STREAM.name
         schema, shards = describe_hf(store, sizes, open_local)
     else:
         layout = PARQUET.name
-        schema, shards = describe_parquet(store, sizes)
+        schema, shards = describe_parquet(store, sizes, footers)
     name = store.url.rstrip("/").rsplit("/", 1)[-1] or "external"
     return DatasetVersion(name=name, version=0, layout=layout, schema=schema, shards=tuple(shards),
                           operation="external", extra={"source": store.url})

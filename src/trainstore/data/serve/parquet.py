@@ -55,13 +55,19 @@ class RangeFile(io.RawIOBase):
         return None
 
     def _add(self, start: int, data: Any) -> None:
-        i = bisect.bisect_left(self._starts, start)
+        i = bisect.bisect_right(self._starts, start)  # after a shorter part at the same offset
         self._starts.insert(i, start)
         self._parts.insert(i, memoryview(data).cast("B"))
 
     def load(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Fetch the ``(offset, length)`` ranges not held yet."""
-        missing = [(s, n) for s, n in ranges if n > 0 and self._covering(s, n) is None]
+        missing: list[tuple[int, int]] = []
+        for s, n in sorted(r for r in ranges if r[1] > 0 and self._covering(*r) is None):
+            if missing and s <= missing[-1][0] + missing[-1][1]:  # adjacent: one part, as pyarrow reads it
+                start, length = missing[-1]
+                missing[-1] = (start, max(length, s + n - start))
+            else:
+                missing.append((s, n))
         if missing:
             for (start, n), data in zip(missing, self.store.get_ranges(self.key, missing)):
                 self.fetched += n
@@ -102,14 +108,16 @@ class RangeFile(io.RawIOBase):
         return n
 
 
-def _open_parquet(store: Store, key: str, size: int) -> tuple[RangeFile, pq.ParquetFile]:
-    """Open ``key`` by ranges: one request for the tail, ``IntegrityError`` naming the file if
-    it is not Parquet."""
+def _open_parquet(store: Store, key: str, size: int,
+                  footer: pq.FileMetaData | None = None) -> tuple[RangeFile, pq.ParquetFile]:
+    """Open ``key`` by ranges: one request for the tail unless its ``footer`` was read
+    already; ``IntegrityError`` naming the file if it is not Parquet."""
     raw = RangeFile(store, key, size)
     try:
-        tail = min(size, FOOTER_PROBE)
-        raw.load([(size - tail, tail)])
-        return raw, pq.ParquetFile(pa.PythonFile(raw, mode="r"))
+        if footer is None:
+            tail = min(size, FOOTER_PROBE)
+            raw.load([(size - tail, tail)])
+        return raw, pq.ParquetFile(pa.PythonFile(raw, mode="r"), metadata=footer)
     except TrainstoreError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -139,8 +147,8 @@ def column_chunk_ranges(meta: pq.FileMetaData, group: int, columns: Sequence[str
 
 
 class _Shard:
-    def __init__(self, store: Store, info: ShardInfo) -> None:
-        self.raw, self.file = _open_parquet(store, info.key, info.bytes)
+    def __init__(self, store: Store, info: ShardInfo, footer: pq.FileMetaData | None) -> None:
+        self.raw, self.file = _open_parquet(store, info.key, info.bytes, footer)
         meta = self.file.metadata
         if meta.num_rows != info.rows:
             raise IntegrityError(f"{store.url}/{info.key}: has {meta.num_rows} rows, manifest says {info.rows}")
@@ -153,12 +161,13 @@ class ParquetRanges:
     """Rows of a version's Parquet shards read by byte ranges (see the module docstring).
 
     ``budget_bytes`` bounds the decoded row groups kept for reuse; ``fetched_bytes`` counts
-    the bytes read from the store (footers included).
+    the bytes read from the store (footers included). ``footers``: those read already, by key.
     """
 
     def __init__(self, store: Store, shards: Sequence[ShardInfo], specs: dict[str, ColumnSpec],
-                 budget_bytes: int) -> None:
+                 budget_bytes: int, footers: dict[str, pq.FileMetaData] | None = None) -> None:
         self.store, self.shards, self.specs = store, shards, specs
+        self.footers = footers if footers is not None else {}
         self.budget_bytes = budget_bytes
         self._files: dict[int, _Shard] = {}
         self._groups: OrderedDict[tuple[int, int], tuple[dict[str, np.ndarray], int]] = OrderedDict()
@@ -172,7 +181,8 @@ class ParquetRanges:
     def _file(self, shard: int) -> _Shard:
         f = self._files.get(shard)
         if f is None:
-            f = self._files[shard] = _Shard(self.store, self.shards[shard])
+            info = self.shards[shard]
+            f = self._files[shard] = _Shard(self.store, info, self.footers.get(info.key))
         return f
 
     def _group(self, shard: int, group: int) -> dict[str, np.ndarray]:
