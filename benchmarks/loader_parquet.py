@@ -1,0 +1,137 @@
+"""Serving Parquet directly vs the same rows as arrow-ipc (issue 16 item 1).
+
+The same samples (``idx`` int64, ``x`` float32 vectors of ``--sample-kb`` KB, random so they do
+not compress) are written twice: as a ``parquet`` version (zstd, one row group per
+``--row-group`` rows) and as an ``arrow-ipc`` version, into a local store and into a moto S3
+bucket on 127.0.0.1. For each, the Loader (block shuffle) runs a cold epoch (empty node
+cache), a warm epoch with no compute (samples/s), and a warm epoch with ``--compute-ms`` of
+emulated compute per batch (AU = compute / wall, first batch excluded). Also: random access
+``ds[i]`` to Parquet rows not cached (row groups fetched by byte ranges), bytes per row.
+
+Run: ``.venv/bin/python benchmarks/loader_parquet.py`` (``--samples``, ``--sample-kb``,
+``--compute-ms``, ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainstore import open_store
+from trainstore.chunks import content_hash
+from trainstore.data import Dataset, Loader
+from trainstore.data.layouts import PARQUET
+from trainstore.data.serve import write_arrow_dataset
+from trainstore.data.serve.write import table_from_numpy
+from trainstore.data.versions import ShardInfo, derive, shards_prefix
+from trainstore.testing.s3server import start_s3_server
+
+warnings.filterwarnings("ignore")
+logging.getLogger("trainstore").setLevel(logging.ERROR)
+
+
+def write_both(store, n: int, width: int, rows_per_shard: int, row_group: int) -> None:
+    rng = np.random.default_rng(0)
+    data = {"idx": np.arange(n, dtype=np.int64), "x": rng.standard_normal((n, width)).astype(np.float32)}
+    write_arrow_dataset(store, "feat", data, rows_per_shard)
+    table, desc = table_from_numpy(data)
+    shards = []
+    for i, start in enumerate(range(0, n, rows_per_shard)):
+        part = table.slice(start, rows_per_shard)
+        sink = pa.BufferOutputStream()
+        pq.write_table(part, sink, compression="zstd", row_group_size=row_group)
+        buf = sink.getvalue()
+        key = f"{shards_prefix('featpq')}v000001-{i:05d}.parquet"
+        store.put(key, buf)
+        shards.append(ShardInfo(key, part.num_rows, buf.size, content_hash(buf)))
+    derive(store, [], "features", {}, shards, name="featpq", layout=PARQUET.name, schema=table.schema,
+           extra={"columns": desc}, version=1)
+
+
+def epoch(loader: Loader, compute_s: float) -> tuple[float, int, float]:
+    """(wall seconds after the first batch, samples, compute seconds)."""
+    t0, n, computed, first = time.perf_counter(), 0, 0.0, True
+    for batch in loader:
+        if first:
+            t0, first = time.perf_counter(), False
+        else:
+            n += len(batch["idx"])
+            if compute_s:
+                time.sleep(compute_s)
+                computed += compute_s
+    return time.perf_counter() - t0, n, computed
+
+
+def measure(store, ref: str, cache: str, batch: int, compute_s: float) -> dict:
+    shutil.rmtree(cache, ignore_errors=True)
+    ds = Dataset(store, ref, cache_dir=cache)
+    loader = Loader(ds, batch_size=batch, seed=0, shuffle_mode="block", workers=2, prefetch=4)
+    cold, n, _ = epoch(loader, 0.0)
+    warm, n, _ = epoch(loader, 0.0)
+    wall, _, computed = epoch(loader, compute_s)
+    loader.close()
+    return {"cold_samples_per_s": round(n / cold), "warm_samples_per_s": round(n / warm),
+            "au_at_compute": round(computed / wall, 3)}
+
+
+def random_access(store, cache: str, n: int, probes: int) -> dict:
+    shutil.rmtree(cache, ignore_errors=True)
+    ds = Dataset(store, "featpq@1", cache_dir=cache)
+    rng = np.random.default_rng(1)
+    t0 = time.perf_counter()
+    for i in rng.integers(0, n, probes):
+        ds[int(i)]
+    dt = time.perf_counter() - t0
+    return {"rows_per_s": round(probes / dt), "fetched_mb": round(ds._ranges.fetched_bytes / 1e6, 2),
+            "dataset_mb": round(ds.version.bytes / 1e6, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--sample-kb", type=int, default=100)
+    ap.add_argument("--rows-per-shard", type=int, default=200)
+    ap.add_argument("--row-group", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--compute-ms", type=float, default=20.0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    width = a.sample_kb * 1024 // 4
+    tmp = tempfile.mkdtemp(prefix="ts-pqbench-")
+    server = start_s3_server()
+    out: dict = {"args": vars(a), "results": []}
+    try:
+        server.create_bucket("pqbench")
+        stores = {"local": open_store(os.path.join(tmp, "durable")),
+                  "s3": open_store("s3://pqbench/data", **server.options())}
+        for where, store in stores.items():
+            write_both(store, a.samples, width, a.rows_per_shard, a.row_group)
+            for ref, layout in (("feat@1", "arrow-ipc"), ("featpq@1", "parquet")):
+                r = measure(store, ref, os.path.join(tmp, "cache"), a.batch, a.compute_ms / 1000)
+                r.update(store=where, layout=layout)
+                print(json.dumps(r), flush=True)
+                out["results"].append(r)
+            ra = random_access(store, os.path.join(tmp, "cache"), a.samples, 200)
+            ra.update(store=where, layout="parquet ds[i] by row groups")
+            print(json.dumps(ra), flush=True)
+            out["results"].append(ra)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
