@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import BackgroundError, ConfigError, StoreError
 from .dataset import Dataset, DatasetConfig
+from .exchange import ExchangeStep, RowExchange
 from .meter import IOWaitMeter, MeterConfig
 from .sampler import PlanSpec, epoch_streams
 
@@ -94,6 +95,8 @@ class Loader:
         as_torch: bool = False,
         metrics_registry: Any = None,
         meter: MeterConfig | None = None,
+        exchange: bool = False,
+        exchange_group: Any = None,
     ) -> None:
         if not isinstance(dataset, Dataset):
             raise ConfigError(f"Loader needs a trainstore.data.Dataset, got {type(dataset).__name__}")
@@ -113,6 +116,8 @@ class Loader:
                                    block_shards, prefetch, workers, drop_last, as_torch)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         self.collate = collate
+        # exchange mode (serve.exchange): read only owned shards, swap rows over torch.distributed
+        self._exchange = RowExchange(dataset, self.rank, self.world_size, exchange_group) if exchange else None
         self.spec = PlanSpec(len(dataset), tuple(s.rows for s in dataset.shards), batch_size, seed,
                              self.config.shuffle_mode, block_shards, drop_last)
         self.epoch = 0
@@ -139,15 +144,19 @@ class Loader:
         self.epoch, self._position, self._segments = int(epoch), 0, []
 
     # -- iteration -----------------------------------------------------------------------------
-    def _batches(self, stream: np.ndarray) -> list[np.ndarray]:
+    def _batches(self, epoch: int, segments: list[tuple[int, int]]) -> list[np.ndarray] | list[ExchangeStep]:
+        """This rank's batches (row indices), or in exchange mode its exchange steps."""
         B = self.config.batch_size
+        streams = epoch_streams(self.spec, epoch, segments, self.world_size)
+        if self._exchange is not None:
+            return self._exchange.plan(streams, B)
+        stream = streams[self.rank]
         return [stream[i:i + B] for i in range(0, len(stream), B)]
 
     def _next_epoch_run(self) -> _EpochRun:
         """Start assembling the next epoch's first batches (its plan is already fixed), so the
         epoch boundary does not drain the pipeline."""
-        stream = epoch_streams(self.spec, self.epoch + 1, [], self.world_size)[self.rank]
-        return _EpochRun(self, self._batches(stream), 0)
+        return _EpochRun(self, self._batches(self.epoch + 1, []), 0)
 
     def __iter__(self) -> Iterator[Any]:
         ahead, self._ahead = self._ahead, None
@@ -157,7 +166,7 @@ class Loader:
         else:
             if ahead is not None:
                 ahead[1].close()
-            run = _EpochRun(self, self._batches(self._stream()), self._position)
+            run = _EpochRun(self, self._batches(self.epoch, self._segments), self._position)
         self._active = run
         try:
             while True:
@@ -253,9 +262,10 @@ class Loader:
 class _EpochRun:
     """Background assembly of one epoch's batches for one rank."""
 
-    def __init__(self, loader: Loader, batches: list[np.ndarray], start: int) -> None:
+    def __init__(self, loader: Loader, batches: list[np.ndarray] | list[ExchangeStep], start: int) -> None:
         self.loader = loader
         self.ds = loader.dataset
+        self.exchange = loader._exchange
         self.batches = batches
         self.next_index = start
         self._closed = threading.Event()
@@ -269,7 +279,8 @@ class _EpochRun:
         last_use: dict[int, int] = {}
         order: list[int] = []
         for b in range(start, len(batches)):
-            shards = np.unique(np.searchsorted(offsets, batches[b], side="right") - 1)
+            rows = batches[b].reads if isinstance(batches[b], ExchangeStep) else batches[b]
+            shards = np.unique(np.searchsorted(offsets, rows, side="right") - 1)
             self.needs.append(shards)
             for s in shards.tolist():
                 if s not in last_use:
@@ -337,7 +348,10 @@ class _EpochRun:
     def _assemble(self, b: int) -> tuple[Any, int]:
         if self._closed.is_set():
             raise RuntimeError("loader closed")
-        return self.loader._finish(self.ds.take(self.batches[b]))
+        item = self.batches[b]
+        if isinstance(item, ExchangeStep):
+            return self.exchange.gather(item), 0  # sent in next(), in batch order
+        return self.loader._finish(self.ds.take(item))
 
     def next(self) -> tuple[Any, int] | None:
         if self.fill_error is not None:  # the shard thread stopped: say so now, not silently
@@ -351,6 +365,9 @@ class _EpochRun:
         b = self.next_index
         self.next_index += 1
         result = fut.result()
+        item = self.batches[b]
+        if isinstance(item, ExchangeStep):  # the collective, in the iterating thread
+            result = self.loader._finish(self.exchange.exchange(item, result[0]))
         self._retire(b)
         self._top_up()
         return result
