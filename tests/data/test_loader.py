@@ -305,7 +305,13 @@ def test_rejects_non_feature_layout(store, tmp_path):
 
     from trainstore.data.versions import DatasetVersion, commit_version
 
-    commit_version(store, DatasetVersion("raw", 1, "parquet", pa.schema([("a", pa.int64())]), ()))
+    from trainstore.data.layouts import ArrowIpcLayout, register_layout
+
+    class Unservable(ArrowIpcLayout):  # parquet is served since issue 16: a layout that is not
+        name, servable = "unservable-test", False
+
+    register_layout(Unservable(), replace=True)
+    commit_version(store, DatasetVersion("raw", 1, "unservable-test", pa.schema([("a", pa.int64())]), ()))
     with pytest.raises(ConfigError, match="arrow-ipc"):
         Dataset(store, "raw@1", cache_dir=tmp_path / "hot")
 
