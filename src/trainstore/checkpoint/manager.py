@@ -11,12 +11,13 @@
     state = mgr.restore()                             # newest checkpoint that verifies
     print(mgr.last_restore)                           # which step, why, what was skipped
 
-A save flattens the state (rejecting what would need pickle), copies it into a reusable
-host arena (the only part on the caller's clock) and hands it to one background thread
-that writes the chunks (``writer``) and commits the manifest last. The arena of the latest
-full checkpoint is kept as the base for XOR deltas of the following incrementals, so an
-incremental never reads the store. Errors of a background save are logged at once and
-raised (``BackgroundError``) at the next ``save``/``wait``/``close``.
+The manager owns what every save shares: the lock, the one in-flight save, background
+errors (logged at once, raised as ``BackgroundError`` at the next ``save``/``wait``/
+``close``), hooks and observers. The work is a save backend's (``backend``: the call order):
+``single`` in one process, ``dcp`` (``trainstore.dcp.backend``) in a torch.distributed job,
+picked per save by ``backend.backend_name``. A save copies the state to host buffers (the
+only part on the caller's clock) and one background thread writes and commits it.
+Restore picks candidates in ``restore``; the backend that wrote a manifest loads it.
 
 Pluggable: ``hooks`` are called as ``hook(info, manager)`` after each committed save (on the
 background thread: retention, tiering, metrics export); all store access goes through the
@@ -39,11 +40,8 @@ from ..chunks import ChunkStore, RepairEvent
 from ..codecs import CodecConfig
 from ..errors import (
     AlreadyExistsError,
-    BackgroundError,
     ConfigError,
     IntegrityError,
-    ManifestError,
-    NoCheckpointError,
     NotFoundError,
     NoValidCheckpointError,
     StoreUnavailableError,
@@ -53,17 +51,17 @@ from ..provenance import code_version, trainstore_version
 from ..store import open_store
 from ..store.base import Store
 from . import manifest as mf
-from .manifest import ChunkEntry, Manifest
-from .reader import SCRATCH_BYTES, load_into, load_state
-from .staging import Arena, StagedTensor, Stager, plan
-from .state import flatten
+from .backend import SaveBackend, SaveContext, backend_class, backend_name, loader_name
+from .inflight import InflightSaves
+from .manifest import Manifest
+from .reader import SCRATCH_BYTES
+from .restore import restore_first
+from .state import jsonable
 from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle
 from .verify import record as record_verify, verify_manifest
-from .writer import WriteOptions, WriteStats, lower_thread_priority, write_tensors
+from .writer import WriteOptions, lower_thread_priority
 
 log = logging.getLogger("trainstore.checkpoint")
-
-_BASE_MISSING = object()
 
 
 class CheckpointManager:
@@ -91,17 +89,13 @@ class CheckpointManager:
             self.observers.append(self.policy.observe)
         self.read_workers = read_workers
         self.last_restore: RestoreResult | None = None
-        self._stager = Stager(pin_memory)
+        self._context = SaveContext(self.store, self.job, self.policy, self.options, self.chunks, read_workers,
+                                    pin_memory, self._notify)
+        self._backends: dict[str, SaveBackend] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-ckpt-save",
                                             initializer=lower_thread_priority, initargs=(self.options.nice,))
-        self._lock = threading.Lock()
-        self._inflight: tuple[int, Future] | None = None
-        self._error: BaseException | None = None
-        self._error_step: int | None = None
-        self._followups: list[tuple[int, Future]] = []  # (step, work a hook started): durable copies
-        self._base: Manifest | None = None  # last full checkpoint committed by this manager
-        self._base_views: dict[str, memoryview] | None = None
-        self._base_arena: Arena | None = None
+        self._saves = InflightSaves(self.job)
+        self._lock = self._saves.lock
         self._closed = False
         self._code_version = code_version()
         _live_managers.add(self)
@@ -117,156 +111,78 @@ class CheckpointManager:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied to host buffers."""
         t0 = time.perf_counter()
         self._check_open()
-        self._raise_background()
+        self._saves.raise_queued()
         mf.check_step(step)
         kind = kind or self.policy.should_save(step) or "full"
         if kind not in mf.KINDS:
             raise ConfigError(f"kind must be one of {mf.KINDS}, got {kind!r}")
-        if _distributed_job():  # torch.distributed job: DCP underneath (trainstore.dcp.bridge)
-            from ..dcp.bridge import save_distributed
-
-            metadata = {"config": _jsonable(config or {}, "config"), "metrics": _jsonable(metrics or {}, "metrics"),
-                        "created": time.time(), "code_version": self._code_version, "trainstore_version": trainstore_version(),
-                        "extra": _jsonable(extra or {}, "extra")}
-            return save_distributed(self, step, kind, state, metadata, blocking, t0)
-        with self._lock:
-            busy = self._inflight
-        if busy is not None and not busy[1].done():
-            if busy[0] == step:
-                raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} is being saved already")
+        backend = self.backend
+        backend.check_state(state)
+        busy = self._saves.busy()
+        if busy == step and not backend.collective:
+            raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} is being saved already")
+        if backend.agree_busy(busy is not None):
             if self.policy.on_busy == "skip":
-                msg = f"checkpoint step {step} skipped: step {busy[0]} is still being saved (on_busy='skip')"
+                where = "some rank" if backend.collective else f"step {busy}"
+                msg = f"checkpoint step {step} skipped: {where} is still being saved (on_busy='skip')"
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 log.warning(msg)
                 return SaveHandle(step, kind, None, skipped=True)
             self._wait_inflight()
-        fast = self.store.tiers()[0]  # remote tiers are asked in the background (_write)
-        if fast.capabilities.local and fast.exists(mf.manifest_key(self.job, step)):
-            raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {fast.url}")
-        metadata = {"config": _jsonable(config or {}, "config"), "metrics": _jsonable(metrics or {}, "metrics"),
+        backend.check_free(step)
+        metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
                     "created": time.time(), "code_version": self._code_version, "trainstore_version": trainstore_version(),
-                    "extra": _jsonable(extra or {}, "extra")}
-        skeleton, leaves = flatten(state)
-        _offsets, total = plan(leaves)
-        arena = self._stager.acquire(total)
-        try:
-            staged = self._stager.stage(leaves, arena)
-        except BaseException:
-            self._stager.release(arena)
-            raise
-        del leaves  # the live tensors may change from here on
+                    "extra": jsonable(extra or {}, "extra")}
+        staged = backend.stage(state)
+        del state  # the live tensors may change from here on
         blocked = time.perf_counter() - t0
-        fut = self._executor.submit(self._write, step, kind, skeleton, staged, arena, metadata)
-        with self._lock:
-            self._inflight = (step, fut)
+        fut = self._executor.submit(self._write, backend, step, kind, staged, metadata)
+        self._saves.start(step, fut)
         handle = SaveHandle(step, kind, fut, blocked_s=blocked)
         self._notify("save_staged", step=step, kind=kind, blocked_s=blocked)
         if blocking:
             self._wait_inflight()
         return handle
 
-    def _base_for(self, kind: str, step: int) -> Manifest | None:
-        """The full checkpoint an incremental ``step`` diffs against (background thread: it
-        may ask remote tiers). Only a base in the store's write view counts (not one only in
-        an archive), so the incremental never needs the archive to become durable."""
-        if kind != "incremental":
-            return None
-        live = self.store.write_view()
-        if self._base is not None and self._base.step < step and live.exists(self._base.key):
-            return self._base
-        # a fresh process (or the base was deleted): the newest full checkpoint before step
-        for s in reversed(mf.list_steps(live, self.job)):
-            if s >= step:
-                continue
-            try:
-                m = mf.load_manifest(live, self.job, s)
-            except TrainstoreError:
-                continue
-            if m.kind == "full":
-                self._set_base(m, None, None)
-                return m
-        return None
+    @property
+    def backend(self) -> SaveBackend:
+        """The save backend of a save made now (``backend.backend_name``: single or dcp)."""
+        return self._backend(backend_name())
 
-    def _set_base(self, m: Manifest, views: dict[str, memoryview] | None, arena: Arena | None) -> None:
-        old = self._base_arena
-        self._base, self._base_views, self._base_arena = m, views, arena
-        if old is not None and old is not arena:
-            self._stager.release(old)
-
-    def _write(self, step: int, kind: str, skeleton: Any, staged: list[StagedTensor], arena: Arena,
-               metadata: dict) -> CheckpointInfo:
-        keep_arena = False
-        started = time.time()
-        try:
-            if self.store.exists(mf.manifest_key(self.job, step)):
-                raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {self.store.url}")
-            base = self._base_for(kind, step)
-            if kind == "incremental" and base is None:
-                log.info("step %d: no full checkpoint to diff against, saving a full checkpoint", step)
-                kind = "full"
-            lookup = self._lookup(base) if base is not None else None
-            entries, stats = write_tensors(self.chunks, staged, self.options, lookup)
-            m = Manifest(job=self.job, step=step, kind=kind, tensors=entries, skeleton=skeleton,
-                         base_step=base.step if base is not None else None, chunk_bytes=self.options.chunk_bytes,
-                         metadata=metadata, logical_bytes=stats.logical_bytes, stored_bytes=stats.stored_bytes,
-                         written_bytes=stats.written_bytes)
-            # gc-safe commit: a lease on m's chunks, re-checked against concurrent gc sweeps
-            from ..lifecycle.gc import commit_lease
-
-            with commit_lease(self.store, self.chunks, m, {t.name: t.data for t in staged}, started):
-                mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
-            _log_saved(m, stats)
-            self._notify("save_committed", step=step, kind=kind, seconds=time.time() - started,
-                         since_created=time.time() - float(metadata["created"]), logical_bytes=stats.logical_bytes,
-                         stored_bytes=stats.stored_bytes, written_bytes=stats.written_bytes, pieces=stats.pieces,
-                         same_as_base=stats.same_as_base, deltas=stats.deltas)
-            if kind == "full":
-                if self.policy.keep_base_in_memory and self.policy.incremental_every:
-                    self._set_base(m, {t.name: t.data for t in staged}, arena)
-                    keep_arena = True
-                else:
-                    self._set_base(m, None, None)
-            info = CheckpointInfo.from_manifest(m, durable=len(self.store.tiers()) == 1)  # tiered: copy pending
-        except BaseException as exc:
+    def _backend(self, name: str) -> SaveBackend:
+        with self._lock:
+            found = self._backends.get(name)
+        if found is None:
+            found = backend_class(name)(self._context)
             with self._lock:
-                if self._error is None:
-                    self._error, self._error_step = exc, step
+                found = self._backends.setdefault(name, found)
+        return found
+
+    def _write(self, backend: SaveBackend, step: int, kind: str, staged: Any, metadata: dict) -> CheckpointInfo:
+        """The save thread: the backend writes and commits; then the hooks run."""
+        try:
+            info = backend.write(step, kind, staged, metadata)
+        except BaseException as exc:
+            self._saves.fail(exc, step)
             log.error("background checkpoint save of step %d (job %r) failed: %s", step, self.job, exc)
             self._notify("save_failed", step=step, kind=kind, error=f"{type(exc).__name__}: {exc}")
             raise
-        finally:
-            if not keep_arena:
-                self._stager.release(arena)
+        if backend.runs_hooks:  # DCP: retention, GC, tiering once per job, on the coordinator
+            self._run_hooks(info, step, raise_later=not backend.collective)
+        return info
+
+    def _run_hooks(self, info: CheckpointInfo, step: int, raise_later: bool) -> None:
         for hook in self.hooks:
             try:
                 started_work = hook(info, self)
-                if isinstance(started_work, Future):  # e.g. the durable copy: reported like a save
-                    with self._lock:
-                        self._followups.append((step, started_work))
+                if raise_later and isinstance(started_work, Future):  # e.g. the durable copy: reported like a save
+                    self._saves.follow(step, started_work)
             except Exception as exc:  # committed already; report, do not undo
-                with self._lock:
-                    if self._error is None:
-                        self._error, self._error_step = exc, step
                 log.error("checkpoint hook %r failed after step %d was committed: %s", hook, step, exc)
-        return info
-
-    def _lookup(self, base: Manifest):  # noqa: ANN202 - see writer.BaseLookup
-        views = self._base_views if (self._base is base and self._base_views is not None) else None
-        chunk_bytes = base.chunk_bytes
-        if chunk_bytes != self.options.chunk_bytes:
-            return None
-
-        def lookup(name: str, dtype: str, idx: int, size: int) -> tuple[ChunkEntry, Callable[[], memoryview]] | None:
-            t = base.tensors.get(name)
-            if t is None or t.dtype != dtype or idx >= len(t.chunks) or t.chunks[idx].size != size:
-                return None
-            entry = t.chunks[idx]
-            if views is not None and name in views:
-                start = idx * chunk_bytes
-                return entry, lambda: views[name][start:start + size]
-            return entry, lambda: memoryview(self.chunks.get(entry.ref))
-
-        return lookup
+                # collective backends only log: an error raised on the coordinator alone would
+                # make it leave the next collective save while the other ranks enter it
+                if raise_later:
+                    self._saves.fail(exc, step)
 
     def _repaired(self, event: RepairEvent) -> None:
         """A read met a bad chunk copy and replaced it with a good one (``ChunkStore``)."""
@@ -282,56 +198,19 @@ class CheckpointManager:
                 log.warning("checkpoint observer %r failed on %s: %s", obs, event, exc)
 
     def _wait_inflight(self) -> None:
-        with self._lock:
-            busy = self._inflight
-        if busy is not None:
-            try:
-                busy[1].result()
-            except BaseException:
-                pass
-        self._raise_background()
-
-    def _raise_background(self) -> None:
-        """Raise the first failure of a background save, else of work a hook started after a
-        commit (a durable copy); each failure is raised once."""
-        with self._lock:
-            exc, step = self._error, self._error_step
-            self._error = self._error_step = None
-            failed = None
-            if exc is None:
-                done = [(s, f) for s, f in self._followups if f.done()]
-                failed = next(((s, f) for s, f in done if f.exception() is not None), None)
-                drop = {id(f) for s, f in done if f.exception() is None} | ({id(failed[1])} if failed else set())
-                self._followups = [(s, f) for s, f in self._followups if id(f) not in drop]
-        if exc is not None:
-            raise BackgroundError(f"background checkpoint save of step {step} (job {self.job!r}) failed: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        if failed is not None:
-            cause = failed[1].exception()
-            raise BackgroundError(f"after checkpoint step {failed[0]} of job {self.job!r} was committed: "
-                                  f"{cause}") from cause
-
-    def _wait_followups(self) -> None:
-        with self._lock:
-            pending = [f for _s, f in self._followups]
-        for f in pending:
-            try:
-                f.result()
-            except BaseException:  # noqa: BLE001 - raised by _raise_background
-                pass
+        self._saves.settle()
+        self._saves.raise_queued()
 
     def wait(self) -> None:
         """Block until every in-flight save is committed and the work its hooks started (a
         tiered store's durable copy) is done; raise a background error if one failed."""
         self._wait_inflight()
-        self._wait_followups()
-        self._raise_background()
+        self._saves.settle_followups()
+        self._saves.raise_queued()
 
     def pending(self) -> int | None:
         """The step being saved in the background, or None."""
-        with self._lock:
-            busy = self._inflight
-        return busy[0] if busy is not None and not busy[1].done() else None
+        return self._saves.busy()
 
     def close(self) -> None:
         """Wait for pending saves, release buffers and the store (if opened here)."""
@@ -339,13 +218,13 @@ class CheckpointManager:
             return
         try:
             self._wait_inflight()
-            self._wait_followups()
-            self._raise_background()
+            self._saves.settle_followups()
+            self._saves.raise_queued()
         finally:
             self._closed = True
             self._executor.shutdown(wait=True)
-            self._base_views = None
-            self._base_arena = None
+            for backend in self._backends.values():
+                backend.close()
             _live_managers.discard(self)
             if self._owns_store:
                 self.store.close()
@@ -449,146 +328,28 @@ class CheckpointManager:
         self._check_open()
         t0 = time.perf_counter()
         repairs_before = len(self.repairs)
-        if _distributed_job():  # every rank's in-flight save has committed before steps are listed
-            from ..dcp.bridge import settle
-
-            settle(self)
-        if step is not None and best is not None:
-            raise ConfigError("pass either step= or best=, not both")
-        if mode not in ("min", "max"):
-            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+        if self.backend.collective:  # every rank's in-flight save has committed before steps are listed
+            self._saves.settle()
         skipped: list[tuple[int, str]] = []
-        if step is not None:
-            mf.check_step(step)
-            if not self.store.exists(mf.manifest_key(self.job, step)):
-                raise NotFoundError(f"no checkpoint step {step} for job {self.job!r} in {self.store.url} "
-                                    f"(committed: {self.steps()[-10:]})")
-            order = [(step, f"step {step} was asked for")]
-            retry_bad = True
-        else:
-            steps = self.steps()
-            if not steps:
-                raise NoCheckpointError(f"job {self.job!r} has no checkpoints in {self.store.url}")
-            order = self._best_order(steps, best, mode, skipped) if best is not None \
-                else [(s, "newest checkpoint that verifies") for s in reversed(steps)]
-        for s, why in order:
-            if not retry_bad:
-                rec = mf.load_verify_record(self.store, self.job, s)
-                if rec is not None and not rec.ok:
-                    reason = f"verification recorded it as bad: {'; '.join(rec.errors[:2])}"
-                    skipped.append((s, reason))
-                    log.warning("restore: skipping step %d of job %r: %s", s, self.job, reason)
-                    continue
-            try:
-                m = self.manifest(s)
-                self._check_base(m)
-                if m.metadata.get("dcp"):  # saved through torch.distributed.checkpoint
-                    from ..dcp.bridge import load_dcp
 
-                    state = load_dcp(self, m, into)
-                else:
-                    state = load_state(self.chunks, m, self.read_workers) if into is None \
-                        else load_into(self.chunks, m, into, self.read_workers, scratch_bytes)
-            except IntegrityError as exc:  # the checkpoint itself is bad: record it, try an older one
-                if step is not None:
-                    raise
-                reason = f"{type(exc).__name__}: {exc}"
-                skipped.append((s, reason))
-                log.warning("restore: skipping step %d of job %r: %s", s, self.job, reason)
-                record_verify(self.chunks, self.job, mf.new_verify_record(s, False, [reason], 0))
-                continue
-            except NotFoundError:
-                if step is not None or self.store.exists(mf.manifest_key(self.job, s)):
-                    raise
-                skipped.append((s, "deleted while restoring"))  # e.g. by retention: not bad
-                continue
-            if skipped and why.startswith("newest"):
-                why = f"newest checkpoint that verifies ({len(skipped)} newer skipped)"
-            result = RestoreResult(s, m.kind, why, skipped, state, time.perf_counter() - t0,
-                                   repairs=self.repairs[repairs_before:])
-            self._notify("restore", ok=True, step=s, kind=m.kind, seconds=result.seconds, skipped=len(skipped),
-                         logical_bytes=m.logical_bytes)
-            self.last_restore = result
-            log.info("restore: %s", result)
-            return result
-        self.last_restore = None
-        self._notify("restore", ok=False, step=None, kind=None, seconds=time.perf_counter() - t0,
-                     skipped=len(skipped), logical_bytes=0)
-        raise NoValidCheckpointError(
-            f"no checkpoint of job {self.job!r} could be restored; tried: "
-            + "; ".join(f"step {s}: {why}" for s, why in skipped)
-        )
+        def load(m: Manifest) -> Any:
+            return self._backend(loader_name(m)).load(m, into, scratch_bytes)
 
-    def _check_base(self, m: Manifest) -> None:
-        """An incremental's base must exist and be full: else the incremental is bad (ManifestError)."""
-        if m.kind == "incremental":
-            try:
-                base = self.manifest(m.base_step)  # type: ignore[arg-type]
-            except NotFoundError:
-                raise ManifestError(f"base full checkpoint step {m.base_step} of incremental step {m.step} "
-                                    "is missing") from None
-            if base.kind != "full":
-                raise ManifestError(f"base step {m.base_step} of step {m.step} is not a full checkpoint")
-
-    def _best_order(self, steps: list[int], metric: str, mode: str,
-                    skipped: list[tuple[int, str]]) -> list[tuple[int, str]]:
-        scored, seen = [], set()
-        for s in steps:
-            try:
-                m = self.manifest(s)
-            except IntegrityError as exc:
-                skipped.append((s, f"unreadable manifest: {exc}"))
-                continue
-            except NotFoundError:
-                if self.store.exists(mf.manifest_key(self.job, s)):
-                    raise
-                continue  # deleted since it was listed
-            seen.update(m.metrics)
-            v = m.metrics.get(metric)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                scored.append((v, s))
-        if not scored:
-            raise ConfigError(f"no checkpoint of job {self.job!r} records metric {metric!r}; "
-                              f"metrics recorded: {sorted(seen) or 'none'}")
-        scored.sort(key=lambda p: (p[0] if mode == "min" else -p[0], -p[1]))
-        return [(s, f"best {metric}={v} ({mode})") for v, s in scored]
-
-
-def _distributed_job() -> bool:
-    """True inside a multi-rank torch.distributed job (saves then go through trainstore.dcp)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - torch is optional
-        return False
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _jsonable(obj: Any, what: str) -> Any:
-    import json
-
-    try:
-        return json.loads(json.dumps(obj, allow_nan=False, default=_json_default))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"checkpoint {what} must be JSON-serialisable: {exc}") from None
-
-
-def _json_default(x: Any) -> Any:
-    try:
-        import numpy as np
-
-        if isinstance(x, np.generic):
-            return x.item()
-    except ImportError:  # pragma: no cover
-        pass
-    if hasattr(x, "item") and callable(x.item) and getattr(x, "numel", lambda: 0)() == 1:
-        return x.item()  # a 0-d torch tensor (loss.detach())
-    raise TypeError(f"{type(x).__name__} is not JSON serialisable")
-
-
-def _log_saved(m: Manifest, stats: WriteStats) -> None:
-    log.info("checkpoint %s step %d (%s): %d tensors, %.1f MB logical, %.1f MB stored, %.1f MB written, "
-             "%d/%d pieces same as base, %d deltas", m.job, m.step, m.kind, len(m.tensors), stats.logical_bytes / 1e6,
-             stats.stored_bytes / 1e6, stats.written_bytes / 1e6, stats.same_as_base, stats.pieces, stats.deltas)
+        found = restore_first(self.chunks, self.job, load, step, best, mode, retry_bad, skipped)
+        if found is None:
+            self.last_restore = None
+            self._notify("restore", ok=False, step=None, kind=None, seconds=time.perf_counter() - t0,
+                         skipped=len(skipped), logical_bytes=0)
+            raise NoValidCheckpointError(f"no checkpoint of job {self.job!r} could be restored; tried: "
+                                         + "; ".join(f"step {s}: {why}" for s, why in skipped))
+        m, why, state = found
+        result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
+                               repairs=self.repairs[repairs_before:])
+        self._notify("restore", ok=True, step=m.step, kind=m.kind, seconds=result.seconds, skipped=len(skipped),
+                     logical_bytes=m.logical_bytes)
+        self.last_restore = result
+        log.info("restore: %s", result)
+        return result
 
 
 # -- interpreter exit: finish or report pending saves ---------------------------------------
