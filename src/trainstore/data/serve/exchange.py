@@ -16,6 +16,7 @@ columns only (fixed dtype and row shape); the exchange is over gloo on CPU memor
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,9 @@ class RowExchange:
         for r, shards in enumerate(groups):
             self.shard_owner[shards] = r
         self.owned_shards = tuple(groups[rank])
+        self.seconds = 0.0  # spent in exchange() (collectives + placing rows), for stats
+        self.steps = 0
+        self.bytes_sent = 0  # to other ranks
 
     def owner_of_rows(self, rows: np.ndarray) -> np.ndarray:
         return self.shard_owner[np.searchsorted(self.dataset.offsets, rows, side="right") - 1]
@@ -105,6 +109,7 @@ class RowExchange:
     def exchange(self, step: ExchangeStep, sent: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Swap rows with every rank (collective: all ranks call it for the same step in
         the same order) and return this rank's batch."""
+        t0 = time.perf_counter()
         out: dict[str, np.ndarray] = {}
         for name, (dtype, shape, row_bytes) in self.columns.items():
             batch = np.empty((step.size, *shape), dtype=dtype)
@@ -118,6 +123,9 @@ class RowExchange:
                                    [c * row_bytes for c in step.send_counts], group=self.group)
             batch[step.recv_positions] = recv.numpy().view(dtype).reshape((step.size, *shape))
             out[name] = batch
+            self.bytes_sent += (sum(step.send_counts) - step.send_counts[self.rank]) * row_bytes
+        self.seconds += time.perf_counter() - t0
+        self.steps += 1
         return out
 
 
