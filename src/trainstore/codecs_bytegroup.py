@@ -42,8 +42,10 @@ _SAMPLE = 64 << 10
 
 
 def _swap_top_bits(high: np.ndarray, next_high: np.ndarray) -> None:
-    """Exchange bit 7 of ``high`` and ``next_high`` element-wise, in place (self-inverse)."""
-    diff = np.bitwise_xor(high, next_high)
+    """Exchange bit 7 of the contiguous planes ``high`` and ``next_high``, in place
+    (self-inverse)."""
+    diff = scratch(high.nbytes, 1)
+    np.bitwise_xor(high, next_high, out=diff)
     np.bitwise_and(diff, 0x80, out=diff)
     np.bitwise_xor(high, diff, out=high)
     np.bitwise_xor(next_high, diff, out=next_high)
@@ -116,17 +118,24 @@ def decode(stored: memoryview | bytes, raw_size: int, key: str,
             decode_frame_into(view[offset:offset + length], memoryview(dst), key)
         return result
     decoded = scratch(raw_size, 0).reshape(itemsize, -1)
-    by_elem = dst.reshape(-1, itemsize)
+    sources: list[np.ndarray] = []
     for k, (mode, length) in enumerate(table):
         body = view[offset:offset + length]
         offset += length
         if mode == _RAW:
-            by_elem[:, k] = np.frombuffer(body, dtype=np.uint8)
+            sources.append(np.frombuffer(body, dtype=np.uint8))
         else:
             decode_frame_into(body, memoryview(decoded[k]), key)
-            by_elem[:, k] = decoded[k]
-    if swap:
-        _swap_top_bits(by_elem[:, -1], by_elem[:, -2])
+            sources.append(decoded[k])
+    if swap:  # on contiguous planes (fast); a raw plane is copied out of the stored bytes first
+        for k in (itemsize - 1, itemsize - 2):
+            if table[k][0] == _RAW:
+                decoded[k] = sources[k]
+                sources[k] = decoded[k]
+        _swap_top_bits(decoded[-1], decoded[-2])
+    by_elem = dst.reshape(-1, itemsize)
+    for k, plane in enumerate(sources):  # strided numpy copies release the GIL
+        by_elem[:, k] = plane
     return result
 
 
