@@ -33,7 +33,9 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import filelock
 
@@ -87,6 +89,7 @@ class NodeCache:
         #: Called (no arguments) when a fill finds nothing evictable, before it waits: an owner
         #: holding idle pins (e.g. a Dataset's open shards) can release them here.
         self.on_pressure: Callable[[], None] | None = None
+        self._range_pool: ThreadPoolExecutor | None = None
 
     # -- paths -----------------------------------------------------------------------------
     def path_of(self, key: str) -> str:
@@ -102,11 +105,14 @@ class NodeCache:
         return filelock.FileLock(os.path.join(self._locks, name), timeout=self.config.lock_timeout_s)
 
     # -- public API --------------------------------------------------------------------------
-    def pin(self, key: str, *, checksum: str | None = None, size: int | None = None) -> PinnedFile:
+    def pin(self, key: str, *, checksum: str | None = None, size: int | None = None,
+            ahead: bool = False) -> PinnedFile:
         """Make ``key`` present in the cache and hold it in use until the handle is closed.
 
         ``checksum`` (BLAKE3 hex) and ``size``, when given, are verified on fill; a cached copy
-        that fails them is re-fetched. ``CapacityError`` if the object cannot fit.
+        that fails them is re-fetched. ``CapacityError`` if the object cannot fit. ``ahead``:
+        a fill ahead of use, which neither waits for space nor asks ``on_pressure`` for it
+        (``CapacityError`` at once when nothing is evictable).
         """
         path = self.path_of(key)
         if size is not None and size > self.config.limit_bytes:
@@ -119,7 +125,7 @@ class NodeCache:
                     return handle
                 corrupt = stamp(handle._fd)
                 handle.close()
-            handle = self._fill(key, path, checksum, size, corrupt=corrupt)
+            handle = self._fill(key, path, checksum, size, corrupt=corrupt, ahead=ahead)
             if handle is not None:
                 return handle
         raise StoreError(f"could not pin {key!r} in the node cache {self.root}: evicted repeatedly")
@@ -228,7 +234,7 @@ class NodeCache:
 
     def _fill(
         self, key: str, path: str, checksum: str | None, size: int | None,
-        corrupt: tuple[int, int, int] | None = None,
+        corrupt: tuple[int, int, int] | None = None, ahead: bool = False,
     ) -> PinnedFile | None:
         """Download ``key`` into the cache, unless another thread or process filled (or replaced
         the corrupt copy ``corrupt`` = its inode/size/mtime) while we waited for the key lock."""
@@ -249,10 +255,12 @@ class NodeCache:
                 size = self._object_size(key)
             if size > self.config.limit_bytes:
                 raise self._too_big(key, size)
-            self._make_room(size, key)
+            self._make_room(size, key, ahead)
             fd, tmp = self._temp_in(path)
             try:
-                written = self._download(key, fd)
+                ranged = (self.store.local_path(key) is None and size > self.config.part_bytes
+                          and self.config.fetch_concurrency > 1)
+                written = self._download_ranges(key, fd, size) if ranged else self._download(key, fd)
                 if size is not None and written != size:
                     raise IntegrityError(
                         f"object {key!r} in {self.store.url} is {written} bytes, expected {size}"
@@ -277,7 +285,9 @@ class NodeCache:
                 if checksum is not None:
                     self._verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
             self._touch(path)
-            return self._handle(key, path, fd, written)
+            handle = self._handle(key, path, fd, written)
+            handle.fetched = True
+            return handle
 
     def _object_size(self, key: str) -> int:
         return self.store.head(key).size
@@ -294,6 +304,34 @@ class NodeCache:
         data = memoryview(self.store.get(key)).cast("B")
         write_all(fd, data)
         return data.nbytes
+
+    def _download_ranges(self, key: str, fd: int, size: int) -> int:
+        """A large remote object as concurrent range requests (at most ``fetch_concurrency`` in
+        flight, on a pool shared by every fill of this cache), written in order."""
+        with self._mu:
+            if self._range_pool is None:
+                self._range_pool = ThreadPoolExecutor(self.config.fetch_concurrency,
+                                                      thread_name_prefix="trainstore-range")
+            pool = self._range_pool
+        part = self.config.part_bytes
+        starts = iter(range(0, size, part))
+        window: deque[Future] = deque()
+        written = 0
+        try:
+            while True:
+                while len(window) < self.config.fetch_concurrency:
+                    start = next(starts, None)
+                    if start is None:
+                        break
+                    window.append(pool.submit(self.store.get_range, key, start, min(part, size - start)))
+                if not window:
+                    return written
+                data = memoryview(window.popleft().result()).cast("B")
+                write_all(fd, data)
+                written += data.nbytes
+        finally:
+            for f in window:
+                f.cancel()
 
     def _temp_in(self, path: str) -> tuple[int, str]:
         directory = os.path.dirname(path)
@@ -330,9 +368,9 @@ class NodeCache:
                         continue
                 yield e.path, st.st_size, st.st_atime
 
-    def _make_room(self, incoming: int, key: str) -> None:
+    def _make_room(self, incoming: int, key: str, ahead: bool = False) -> None:
         """Evict LRU unpinned files until ``incoming`` more bytes fit the limit."""
-        deadline = time.monotonic() + self.config.capacity_wait_s
+        deadline = time.monotonic() + (0.0 if ahead else self.config.capacity_wait_s)
         limit = self.config.limit_bytes
         relieved = False
         while True:
@@ -349,7 +387,7 @@ class NodeCache:
                         used -= freed
                         if used + incoming <= limit:
                             return
-            if self.on_pressure is not None and not relieved:
+            if self.on_pressure is not None and not relieved and not ahead:
                 relieved = True  # let the owner release idle pins, then scan once more
                 self.on_pressure()
                 continue

@@ -17,6 +17,9 @@ class CacheConfig:
     ``capacity_wait_s``: how long a fill waits for pinned files to be released when nothing
     can be evicted, before raising ``CapacityError`` (0 = fail at once).
     ``fsync``: fsync filled files (a cache can always re-fetch, so off by default).
+    ``part_bytes`` / ``fetch_concurrency``: an object larger than ``part_bytes`` is fetched
+    from a remote store as concurrent range requests of that size, at most
+    ``fetch_concurrency`` in flight per cache (so at most their product in memory).
     """
 
     limit_bytes: int
@@ -25,6 +28,8 @@ class CacheConfig:
     lock_timeout_s: float = 600.0
     fsync: bool = False
     stale_temp_s: float = 3600.0
+    part_bytes: int = 8 << 20
+    fetch_concurrency: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.limit_bytes, int) or self.limit_bytes <= 0:
@@ -33,6 +38,9 @@ class CacheConfig:
             raise ConfigError(f"verify_hits must be once|always|never, got {self.verify_hits!r}")
         if self.capacity_wait_s < 0 or self.lock_timeout_s <= 0:
             raise ConfigError("capacity_wait_s must be >= 0 and lock_timeout_s > 0")
+        if self.part_bytes <= 0 or self.fetch_concurrency <= 0:
+            raise ConfigError(f"part_bytes and fetch_concurrency must be positive, got "
+                              f"{self.part_bytes}, {self.fetch_concurrency}")
 
 
 @dataclass

@@ -26,6 +26,8 @@ class PinnedFile:
         self._fd = fd
         self._release = release
         self._closed = False
+        #: True when this pin downloaded the object (a miss), False when it found it cached
+        self.fetched = False
 
     def mmap(self) -> mmap.mmap:
         """A read-only memory map of the whole file (valid after close; the inode stays)."""

@@ -13,7 +13,9 @@ failing run can be replayed) it injects one fault instead:
 
 ``outage = "reset"`` (or True) resets every connection, ``outage = "stall"`` answers
 nothing until the client times out: a permanent outage. ``counts`` tells how many
-of each fault were injected, ``requests`` how many requests arrived. The server thread is
+of each fault were injected, ``requests`` how many requests arrived, ``get_bytes()`` how many
+body bytes successful GETs returned (what a client read from the object store) and
+``max_in_flight`` the most requests forwarded at once. The server thread is
 a daemon and shuts itself down after ``max_lifetime_s`` so a forgotten proxy cannot keep a
 test run alive. Only for tests: it buffers whole bodies in memory.
 """
@@ -71,6 +73,10 @@ class _State:
     requests: int = 0
     outage: str | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: response body bytes of successful GETs, by request path (query string dropped)
+    get_bytes: Counter = field(default_factory=Counter)
+    in_flight: int = 0
+    max_in_flight: int = 0
 
     def draw(self, method: str) -> tuple[str | None, bool]:
         """(fault or None, after-forwarding?) for one request."""
@@ -177,10 +183,19 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(500, "InternalError", "injected by faultproxy")
         if fault == "503":
             return self._error(503, "SlowDown", "Please reduce your request rate (faultproxy).")
+        with state.lock:
+            state.in_flight += 1
+            state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
             status, reason, headers, data = self._forward(body)
         except OSError:
             return self._error(502, "BadGateway", "upstream unreachable")
+        finally:
+            with state.lock:
+                state.in_flight -= 1
+        if self.command == "GET" and 200 <= status < 300 and fault is None:
+            with state.lock:
+                state.get_bytes[self.path.split("?", 1)[0]] += len(data)
         if fault == "reset":
             return self._reset()
         if fault == "stall":
@@ -275,6 +290,16 @@ class FaultProxy:
     @property
     def requests(self) -> int:
         return self._server.state.requests
+
+    def get_bytes(self, contains: str = "") -> int:
+        """Body bytes of successful GET responses sent so far, for paths containing ``contains``."""
+        with self._server.state.lock:
+            return sum(n for p, n in self._server.state.get_bytes.items() if contains in p)
+
+    @property
+    def max_in_flight(self) -> int:
+        """Most requests forwarded upstream at the same time so far."""
+        return self._server.state.max_in_flight
 
     def options(self, base: dict) -> dict:
         """``open_store`` options of ``base`` (an S3Server's) pointed at this proxy."""

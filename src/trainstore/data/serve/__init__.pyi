@@ -6,5 +6,6 @@ from .meter import (
     IOBoundWarning as IOBoundWarning,
     IOWaitMeter as IOWaitMeter,
     MeterConfig as MeterConfig,
+    RefetchWarning as RefetchWarning,
 )
 from .write import table_from_numpy as table_from_numpy, write_arrow_dataset as write_arrow_dataset

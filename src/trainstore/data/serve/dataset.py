@@ -19,7 +19,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,6 +177,8 @@ class Dataset:
             config=CacheConfig(self.cache_limit, capacity_wait_s=self.config.capacity_wait_s),
         )
         self._cache.on_pressure = self._release_idle
+        #: called on cache pressure after idle shards are closed (a loader's fill-ahead pins)
+        self._pressure_hooks: list[Callable[[], None]] = []
         self._lock = threading.Condition()
         self._open: OrderedDict[int, OpenShard] = OrderedDict()
         self._opening: set[int] = set()
@@ -195,7 +197,8 @@ class Dataset:
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_cache", "_lock", "_open", "_opening", "_ranges", "_footers")}
+                 if k not in ("_cache", "_lock", "_open", "_opening", "_ranges", "_footers",
+                              "_pressure_hooks")}
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -268,6 +271,17 @@ class Dataset:
                 if o.users == 0:
                     del self._open[idx]
                     o.close()
+        for hook in list(self._pressure_hooks):
+            hook()
+
+    def add_pressure_hook(self, hook: Callable[[], None]) -> None:
+        """``hook()`` runs when a fill of this process finds the node cache full of pinned files."""
+        self._check_pid()
+        self._pressure_hooks.append(hook)
+
+    def remove_pressure_hook(self, hook: Callable[[], None]) -> None:
+        if hook in self._pressure_hooks:
+            self._pressure_hooks.remove(hook)
 
     def close_shard(self, shard: int, evict: bool = False) -> None:
         """Unpin ``shard`` if idle; with ``evict`` also drop it from the hot tier."""
@@ -283,12 +297,12 @@ class Dataset:
         """Fill ``shard`` into the hot tier without opening it."""
         self.pin_shard(shard).close()
 
-    def pin_shard(self, shard: int) -> PinnedFile:
+    def pin_shard(self, shard: int, *, ahead: bool = False) -> PinnedFile:
         """Fill ``shard`` into the node cache and hold it there (no process of the node can
-        evict it) until the returned handle is closed."""
+        evict it) until the returned handle is closed; ``ahead``: see ``NodeCache.pin``."""
         info = self.shards[shard]
         self._check_pid()
-        return self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes)
+        return self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes, ahead=ahead)
 
     def _checksum(self, info: ShardInfo) -> str | None:
         """What the node cache verifies a fill against (external files have no checksum)."""

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackgroundError, ConfigError, StoreError
+from ...errors import ConfigError
 from .dataset import Dataset, DatasetConfig
 from .exchange import ExchangeStep, RowExchange
+from .fill import ByteBudget, FillPlan, ShardFiller
 from .meter import IOWaitMeter, MeterConfig
 from .sampler import PlanSpec, epoch_streams
 
@@ -47,10 +48,13 @@ class LoaderConfig:
     cross_epoch: bool = True
     prefetch_retries: int = 3  # a shard fill failing with a transient StoreError is retried this often
     prefetch_backoff_s: float = 0.2  # first retry delay, doubling
+    fill_concurrency: int = 4  # shards filled into the node cache at once (serve.fill)
 
     def __post_init__(self) -> None:
         if self.prefetch_retries < 0 or self.prefetch_backoff_s < 0:
             raise ConfigError("prefetch_retries and prefetch_backoff_s must be >= 0")
+        if self.fill_concurrency <= 0:
+            raise ConfigError(f"fill_concurrency must be positive, got {self.fill_concurrency}")
         if self.prefetch < 0 or self.workers <= 0:
             raise ConfigError(f"prefetch must be >= 0 and workers > 0, got {self.prefetch}, {self.workers}")
 
@@ -129,6 +133,11 @@ class Loader:
         self._ahead: tuple[tuple, _EpochRun] | None = None
         stream_bytes = dataset.version.bytes
         self._evict_done = dataset.cache_limit < stream_bytes
+        # bytes pinned ahead of use by every epoch run (serve.fill): most of the cache, so the
+        # next block window fills while the current one is read
+        self._fill_budget = ByteBudget(max(dataset.cache_limit * 3 // 4, dataset.max_shard_bytes))
+        self._fetched_mark = 0  # node-cache bytes_fetched at the last epoch end
+        self._fetched_carry = 0  # of those, fetched for the next epoch's run
 
     # -- plan ---------------------------------------------------------------------------------
     def _stream(self) -> np.ndarray:
@@ -182,12 +191,22 @@ class Loader:
                     self._ahead = ((self.epoch + 1, 0, ()), self._next_epoch_run())
                 yield batch
             self.meter.pause()
+            self._account_epoch(run)
             self.epoch += 1
             self._position, self._segments = 0, []
         finally:
             run.close()
             if self._active is run:
                 self._active = None
+
+    def _account_epoch(self, run: _EpochRun) -> None:
+        """Bytes this epoch fetched from the durable store vs one copy of its shards (what the
+        run ahead already fetched for the next epoch is carried over to it)."""
+        now = self.dataset.cache.stats.bytes_fetched
+        carry = self._ahead[1].filler.fetched_bytes if self._ahead is not None else 0
+        fetched = now - self._fetched_mark + self._fetched_carry - carry
+        self._fetched_mark, self._fetched_carry = now, carry
+        self.meter.end_epoch(fetched, run.needed_bytes, self.config.shuffle_mode, self.dataset.cache_limit)
 
     def _stop(self) -> None:
         if self._active is not None:
@@ -277,6 +296,7 @@ class _EpochRun:
         # shards each remaining batch needs, and the last batch that needs each shard
         self.needs: list[np.ndarray] = []
         last_use: dict[int, int] = {}
+        first_use: dict[int, int] = {}
         order: list[int] = []
         for b in range(start, len(batches)):
             rows = batches[b].reads if isinstance(batches[b], ExchangeStep) else batches[b]
@@ -285,56 +305,21 @@ class _EpochRun:
             for s in shards.tolist():
                 if s not in last_use:
                     order.append(s)
+                    first_use[s] = b
                 last_use[s] = b
         self.last_use = last_use
         self.done_with: dict[int, list[int]] = {}
         for s, b in last_use.items():
             self.done_with.setdefault(b, []).append(s)
-        # shard prefetch: fill the hot tier ahead, bounded to half the cache
-        self._fill_budget = max(self.ds.cache_limit // 2, self.ds.max_shard_bytes)
-        self._fill_thread = threading.Thread(target=self._fill_ahead, args=(order,), daemon=True,
-                                             name="trainstore-shard-prefetch")
-        self._progress = threading.Condition()
-        self._consumed_shards: set[int] = set()
-        self.fill_error: BackgroundError | None = None
-        self._fill_thread.start()
+        self.needed_bytes = sum(self.ds.shards[x].bytes for x in order)
+        # shard fill-ahead (serve.fill): pins held to the end of a block window, else first use
+        release = last_use if cfg.shuffle_mode == "block" else first_use
+        self.filler = ShardFiller(
+            self.ds, FillPlan(tuple(order), dict(release)), loader._fill_budget,
+            concurrency=cfg.fill_concurrency, retries=cfg.prefetch_retries,
+            backoff_s=cfg.prefetch_backoff_s, on_all_filled=loader.meter.mark_warm,
+        )
         self._top_up()
-
-    def _fill_ahead(self, order: list[int]) -> None:
-        shards = self.ds.shards
-        in_flight: deque[int] = deque()
-        for s in order:
-            with self._progress:
-                while not self._closed.is_set():
-                    while in_flight and in_flight[0] in self._consumed_shards:
-                        in_flight.popleft()
-                    if sum(shards[x].bytes for x in in_flight) + shards[s].bytes <= self._fill_budget:
-                        break
-                    self._progress.wait(0.1)
-            if self._closed.is_set():
-                return
-            try:
-                self._prefetch(s)
-            except Exception as exc:  # noqa: BLE001 - handed to the consumer at its next batch
-                info = shards[s]
-                err = BackgroundError(f"prefetch of shard {info.key} of {self.ds.version.id} failed: "
-                                      f"{type(exc).__name__}: {exc}")
-                err.__cause__ = exc
-                self.fill_error = err
-                return
-            in_flight.append(s)
-
-    def _prefetch(self, s: int) -> None:
-        """Fill shard ``s``; a transient store error (``StoreError``: unreachable, throttled,
-        out of cache space for now) is retried with backoff before it counts."""
-        cfg = self.loader.config
-        for attempt in range(cfg.prefetch_retries + 1):
-            try:
-                self.ds.prefetch_shard(s)
-                return
-            except StoreError:
-                if attempt == cfg.prefetch_retries or self._closed.wait(cfg.prefetch_backoff_s * 2 ** attempt):
-                    raise
 
     def all_submitted(self) -> bool:
         return self.submitted >= len(self.batches)
@@ -354,8 +339,8 @@ class _EpochRun:
         return self.loader._finish(self.ds.take(item))
 
     def next(self) -> tuple[Any, int] | None:
-        if self.fill_error is not None:  # the shard thread stopped: say so now, not silently
-            err, self.fill_error = self.fill_error, None
+        if self.filler.error is not None:  # the shard thread stopped: say so now, not silently
+            err, self.filler.error = self.filler.error, None
             raise err
         if not self.pending:
             self._top_up()
@@ -373,13 +358,8 @@ class _EpochRun:
         return result
 
     def _retire(self, b: int) -> None:
-        done = self.done_with.get(b, [])
-        if not done:
-            return
-        with self._progress:
-            self._consumed_shards.update(done)
-            self._progress.notify_all()
-        for s in done:  # not needed again this epoch
+        self.filler.batch_consumed(b)
+        for s in self.done_with.get(b, []):  # not needed again this epoch
             self.ds.close_shard(s, evict=self.loader._evict_done)
 
     def close(self) -> None:
@@ -389,9 +369,7 @@ class _EpochRun:
         for f in self.pending:
             f.cancel()
         self.pool.shutdown(wait=True, cancel_futures=True)
-        with self._progress:
-            self._progress.notify_all()
-        self._fill_thread.join(timeout=30)
+        self.filler.close()
 
 
 __all__ = ["Loader", "LoaderConfig"]

@@ -5,6 +5,14 @@ returning a batch and the next call (the training step). Wait fraction = wait / 
 compute), over the whole run and over a sliding window of recent batches; the first batch is
 excluded (start-up is not steady state). Above ``warn_fraction`` over a full window the
 pipeline is I/O-bound: a ``IOBoundWarning`` is logged and raised through ``warnings``.
+
+Phases: batches are *cold* until ``mark_warm()`` (the loader calls it once every shard of
+the first epoch plan has been fetched once), *warm* after; wait and compute are also kept per
+phase, so a cold start from an object store and the steady state read apart.
+
+Re-fetching: ``end_epoch(fetched, needed)`` records how many bytes an epoch pulled from the
+durable store beyond one copy of the shards it needs; with a non-``block`` shuffle over a
+cache smaller than the data that is logged and raised as a ``RefetchWarning``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,13 @@ log = logging.getLogger("trainstore.data.loader")
 
 class IOBoundWarning(RuntimeWarning):
     """The training loop waited for data more than the threshold over a window."""
+
+
+class RefetchWarning(RuntimeWarning):
+    """An epoch fetched shards from the durable store more than once (cache too small)."""
+
+#: re-fetched bytes below this share of what an epoch needs are not worth a warning
+REFETCH_WARN_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,10 @@ class IOWaitMeter:
         self._last_return: float | None = None
         self._last_warn = -1e18
         self.warnings = 0
+        self.warm_at: float | None = None
+        self._phase = {"cold": [0, 0.0, 0.0], "warm": [0, 0.0, 0.0]}  # batches, wait, compute
+        self.refetched_bytes = 0
+        self.refetched_last_epoch = 0
 
     def _m(self, metric):
         return metric.labels(**self._labels) if self._labels else metric
@@ -80,6 +99,10 @@ class IOWaitMeter:
         with self._mu:
             self.batches += 1
             self.bytes += nbytes
+            phase = self._phase["warm" if self.warm_at is not None else "cold"]
+            phase[0] += 1
+            phase[1] += wait
+            phase[2] += compute or 0.0
             if compute is None:  # first batch of a run: start-up, not steady state
                 self.first_wait_s += wait
             else:
@@ -94,6 +117,27 @@ class IOWaitMeter:
             frac = self.window_fraction()
             self._m(self._m_frac).set(frac)
             self._maybe_warn(frac, now)
+
+    def mark_warm(self) -> None:
+        """Every shard of the plan has been fetched once: later batches count as warm."""
+        with self._mu:
+            if self.warm_at is None:
+                self.warm_at = time.perf_counter()
+
+    def end_epoch(self, fetched: int, needed: int, shuffle_mode: str, cache_limit: int) -> int:
+        """Record an epoch's store reads; returns the re-fetched bytes (warns, see module)."""
+        refetched = max(0, fetched - needed)
+        with self._mu:
+            self.refetched_last_epoch = refetched
+            self.refetched_bytes += refetched
+        if shuffle_mode != "block" and needed and refetched > REFETCH_WARN_SHARE * needed:
+            msg = (f"shuffle_mode={shuffle_mode!r} re-fetched {refetched:,} bytes from the durable "
+                   f"store this epoch ({fetched / needed:.2f}x the {needed:,} bytes of shards it "
+                   f"reads) because the node-cache limit ({cache_limit:,} bytes) is smaller than "
+                   "those shards; shuffle_mode='block' reads each shard once per epoch")
+            log.warning(msg)
+            warnings.warn(msg, RefetchWarning, stacklevel=3)
+        return refetched
 
     def pause(self) -> None:
         """The consumer stopped (epoch end): the next gap is not compute time."""
@@ -132,7 +176,19 @@ class IOWaitMeter:
                 "batches_per_s": self.batches / elapsed if elapsed > 0 else 0.0,
                 "bytes_per_s": self.bytes / elapsed if elapsed > 0 else 0.0,
                 "warnings": self.warnings,
+                **self._phase_figures(),
+                "refetched_bytes": self.refetched_bytes,
+                "refetched_bytes_last_epoch": self.refetched_last_epoch,
             }
 
+    def _phase_figures(self) -> dict:
+        out: dict = {"cold_s": ((self.warm_at if self.warm_at is not None else time.perf_counter())
+                                - self._started) if self._started else 0.0}
+        for name, (n, wait, compute) in self._phase.items():
+            out[f"{name}_batches"] = n
+            out[f"{name}_wait_s"] = wait
+            out[f"{name}_wait_fraction"] = wait / (wait + compute) if wait + compute > 0 else 0.0
+        return out
 
-__all__ = ["IOBoundWarning", "IOWaitMeter", "MeterConfig"]
+
+__all__ = ["IOBoundWarning", "IOWaitMeter", "MeterConfig", "RefetchWarning"]

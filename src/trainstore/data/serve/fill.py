@@ -1,0 +1,182 @@
+"""Shard fill-ahead: the shards upcoming batches need, fetched into the node cache in plan
+order, several at once, bounded by bytes pinned ahead of use.
+
+A filled shard stays *pinned* (a shared ``flock`` in the node cache, so no process of the node
+can evict it) until the batch that releases it has been consumed: in ``block`` mode that is
+the shard's last use in the epoch (its window is over), otherwise its first use (a full
+shuffle needs nearly every shard until the epoch's end; pinning them all would stall the
+fill, so the cache's LRU decides and the loader reports what it re-fetches). Pinned-ahead
+bytes of every epoch run of one loader share one ``ByteBudget``; a single shard larger than
+the budget is still let through alone. Filling ahead never waits for space: when the node
+cache is full of pinned files (other loaders, other processes of the node) the filler waits
+for its consumer to move on and tries again, and when a fill of this process needs room the
+filler gives up its pins (they only save a later fetch; the batch that needs a shard fetches
+it on demand). A large shard is itself fetched as concurrent range
+requests by the node cache (``CacheConfig.part_bytes`` / ``fetch_concurrency``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ...errors import BackgroundError, CapacityError, StoreError
+from .dataset import Dataset
+
+
+class ByteBudget:
+    """Bytes pinned ahead of use, shared by the epoch runs of one loader."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int, closed: threading.Event) -> bool:
+        """Wait until ``n`` more bytes fit (or nothing is held); False if ``closed`` first."""
+        with self._cond:
+            while self.used and self.used + n > self.limit:
+                if closed.is_set():
+                    return False
+                self._cond.wait(0.1)
+            if closed.is_set():
+                return False
+            self.used += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """Shards in fill order, and after which batch each one's pin is released."""
+
+    order: tuple[int, ...]
+    release_after: dict[int, int]
+
+
+class ShardFiller:
+    """Background fill of ``plan.order`` (see module docstring); ``error`` holds a failure."""
+
+    def __init__(self, ds: Dataset, plan: FillPlan, budget: ByteBudget, *, concurrency: int,
+                 retries: int, backoff_s: float, on_all_filled: Callable[[], None]) -> None:
+        self.ds = ds
+        self.plan = plan
+        self.budget = budget
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.on_all_filled = on_all_filled
+        self.error: BackgroundError | None = None
+        #: bytes this filler downloaded (node-cache misses), for the loader's re-fetch count
+        self.fetched_bytes = 0
+        self._closed = threading.Event()
+        self._mu = threading.Lock()
+        self._pins: dict[int, object] = {}  # shard -> PinnedFile, held until released
+        self._released: set[int] = set()
+        self._by_batch: dict[int, list[int]] = {}
+        for s, b in plan.release_after.items():
+            self._by_batch.setdefault(b, []).append(s)
+        self._progress = threading.Condition(self._mu)  # notified when a batch is consumed
+        ds.add_pressure_hook(self.release_pins)
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="trainstore-shard-fill")
+        self._thread = threading.Thread(target=self._run, daemon=True, name="trainstore-shard-prefetch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        futures: list[Future] = []
+        for s in self.plan.order:
+            with self._mu:
+                if s in self._released:  # already consumed (filled on demand): nothing to hold
+                    continue
+            nbytes = self.ds.shards[s].bytes
+            if not self.budget.acquire(nbytes, self._closed):
+                return
+            futures.append(self._pool.submit(self._fill, s, nbytes))
+        for f in futures:
+            if not f.result() or self._closed.is_set():
+                return
+        self.on_all_filled()
+
+    def _fill(self, s: int, nbytes: int) -> bool:
+        try:
+            handle = self._pin(s)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer at its next batch
+            self.budget.release(nbytes)
+            info = self.ds.shards[s]
+            err = BackgroundError(f"prefetch of shard {info.key} of {self.ds.version.id} failed: "
+                                  f"{type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            self.error = err
+            self._closed.set()
+            return False
+        if handle is None:
+            self.budget.release(nbytes)
+            return not self._closed.is_set()
+        with self._mu:
+            if handle.fetched:
+                self.fetched_bytes += handle.size
+            keep = not self._closed.is_set() and s not in self._released
+            if keep:
+                self._pins[s] = handle
+        if not keep:
+            handle.close()
+            self.budget.release(nbytes)
+        return True
+
+    def _pin(self, s: int):
+        """Fill and pin shard ``s``. No room (everything pinned): wait for the consumer to
+        move on and retry, for as long as it takes (None once closed or consumed); another
+        transient store error (unreachable, throttled) is retried with backoff before it counts."""
+        attempt = 0
+        while not self._closed.is_set():
+            with self._mu:
+                if s in self._released:
+                    return None
+            try:
+                return self.ds.pin_shard(s, ahead=True)
+            except CapacityError:
+                with self._progress:
+                    self._progress.wait(0.2)
+            except StoreError:
+                if attempt == self.retries or self._closed.wait(self.backoff_s * 2 ** attempt):
+                    raise
+                attempt += 1
+        return None
+
+    def batch_consumed(self, b: int) -> None:
+        """Batch ``b`` was handed to the training loop: release the pins it ends."""
+        for s in self._by_batch.get(b, ()):
+            self._unpin(s)
+        with self._progress:
+            self._progress.notify_all()
+
+    def _unpin(self, s: int) -> None:
+        with self._mu:
+            self._released.add(s)
+            handle = self._pins.pop(s, None)
+        if handle is not None:
+            handle.close()
+            self.budget.release(self.ds.shards[s].bytes)
+
+    def release_pins(self) -> None:
+        """Give up every pin held ahead of use (the node cache needs the room)."""
+        with self._mu:
+            pins, self._pins = self._pins, {}
+        for s, handle in pins.items():
+            handle.close()
+            self.budget.release(self.ds.shards[s].bytes)
+
+    def close(self) -> None:
+        self.ds.remove_pressure_hook(self.release_pins)
+        self._closed.set()
+        self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.release_pins()
+
+
+__all__ = ["ByteBudget", "FillPlan", "ShardFiller"]
