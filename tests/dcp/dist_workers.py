@@ -65,21 +65,32 @@ def check_state(state: dict, seed: int = 0, bump: float = 0.0) -> None:
 
 
 class FaultyStore(LocalStore):
-    """A local store whose rank ``fail_rank`` fails (raises or SIGKILLs itself) on chunk put N."""
+    """A local store whose rank ``fail_rank`` fails (raises or SIGKILLs itself) on chunk write N.
+
+    Chunk writes are conditional (``put_if_absent``); plain ``put`` is faulted too, so the
+    injection fires whichever write path a chunk takes.
+    """
 
     def __init__(self, root: str, rank: int, fail_rank: int, after: int, mode: str) -> None:
         super().__init__(root)
         self.armed = rank == fail_rank
         self.after, self.mode, self.puts = after, mode, 0
 
-    def put(self, key, data):  # noqa: ANN001, ANN201
+    def _maybe_fail(self, key: str) -> None:
         if self.armed and key.startswith("chunks/"):
             self.puts += 1
             if self.puts > self.after:
                 if self.mode == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise StoreError(f"injected failure writing {key}")
+
+    def put(self, key, data):  # noqa: ANN001, ANN201
+        self._maybe_fail(key)
         return super().put(key, data)
+
+    def put_if_absent(self, key, data):  # noqa: ANN001, ANN201
+        self._maybe_fail(key)
+        return super().put_if_absent(key, data)
 
 
 def save(rank: int, world: int, args: dict) -> dict:
