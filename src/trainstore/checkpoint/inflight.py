@@ -12,6 +12,7 @@ import threading
 from concurrent.futures import Future
 
 from ..errors import BackgroundError
+from .failures import SWITCH_HINT
 
 
 class InflightSaves:
@@ -79,7 +80,7 @@ class InflightSaves:
                 self._followups = [(s, f) for s, f in self._followups if id(f) not in drop]
         if exc is not None:
             raise BackgroundError(f"background checkpoint save of step {step} (job {self.job!r}) failed: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                                  f"{type(exc).__name__}: {exc}{SWITCH_HINT}") from exc
         if failed is not None:
             cause = failed[1].exception()
             raise BackgroundError(f"after checkpoint step {failed[0]} of job {self.job!r} was committed: "

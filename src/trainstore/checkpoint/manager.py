@@ -13,7 +13,8 @@
 
 The manager owns what every save shares: the lock, the one in-flight save, background
 errors (logged at once, raised as ``BackgroundError`` at the next ``save``/``wait``/
-``close``), hooks and observers. The work is a save backend's (``backend``: the call order):
+``close``; with ``on_error="warn"``/``"retry"`` training continues and ``should_save``
+asks for a save again soon: ``failures``), hooks and observers. The work is a save backend's (``backend``: the call order):
 ``single`` in one process, ``dcp`` (``trainstore.dcp.backend``) in a torch.distributed job,
 picked per save by ``backend.backend_name``. A save copies the state to host buffers (the
 only part on the caller's clock) and one background thread writes and commits it.
@@ -52,6 +53,7 @@ from ..store import open_store
 from ..store.base import Store
 from . import manifest as mf
 from .backend import SaveBackend, SaveContext, backend_class, backend_name, loader_name
+from .failures import SaveErrorPolicy, SaveFailures
 from .inflight import InflightSaves
 from .manifest import Manifest
 from .reader import SCRATCH_BYTES
@@ -71,8 +73,11 @@ class CheckpointManager:
                  options: WriteOptions | None = None, store_options: dict | None = None,
                  hooks: Sequence[Callable[[CheckpointInfo, CheckpointManager], None]] = (),
                  pin_memory: bool | None = None, read_workers: int = 4,
-                 observers: Sequence[Callable[[str, dict], None]] = ()) -> None:
+                 observers: Sequence[Callable[[str, dict], None]] = (),
+                 on_error: str | SaveErrorPolicy = "raise") -> None:
         self.job = mf.check_job(job)
+        # a failed background save: "raise" at the next call, or "warn"/"retry" and save again soon
+        self.failures = SaveFailures(self.job, SaveErrorPolicy.of(on_error))
         self.policy = policy or CheckpointPolicy()
         self.options = options or WriteOptions()
         self._owns_store = isinstance(store, str)
@@ -102,8 +107,15 @@ class CheckpointManager:
 
     # -- policy ----------------------------------------------------------------------------
     def should_save(self, step: int) -> str | None:
-        """None, "full" or "incremental" for ``step`` under the policy."""
-        return self.policy.should_save(step)
+        """None, "full" or "incremental" for ``step`` under the policy; after a failed save
+        under ``on_error="warn"`` (``"retry"``: once its backoff passed) the failed save's kind."""
+        self._give_warnings()
+        kind = self.policy.should_save(step)  # asked every step: an ObjectivePolicy measures steps
+        return kind or self.failures.retry_kind(step)
+
+    def _give_warnings(self) -> None:
+        for msg in self.failures.take_warnings():  # failures training continued through
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     # -- saving ----------------------------------------------------------------------------
     def save(self, step: int, state: Any, metrics: dict | None = None, config: dict | None = None, *,
@@ -113,7 +125,7 @@ class CheckpointManager:
         self._check_open()
         self._saves.raise_queued()
         mf.check_step(step)
-        kind = kind or self.policy.should_save(step) or "full"
+        kind = kind or self.should_save(step) or "full"
         if kind not in mf.KINDS:
             raise ConfigError(f"kind must be one of {mf.KINDS}, got {kind!r}")
         backend = self.backend
@@ -163,10 +175,16 @@ class CheckpointManager:
         try:
             info = backend.write(step, kind, staged, metadata)
         except BaseException as exc:
-            self._saves.fail(exc, step)
-            log.error("background checkpoint save of step %d (job %r) failed: %s", step, self.job, exc)
-            self._notify("save_failed", step=step, kind=kind, error=f"{type(exc).__name__}: {exc}")
+            self.failures.failed(step, kind, exc)
+            tolerated = self.failures.policy.tolerates
+            if not tolerated:
+                self._saves.fail(exc, step)
+            log.error("background checkpoint save of step %d (job %r) failed%s: %s", step, self.job,
+                      f" (on_error={self.failures.policy.mode!r}: training continues)" if tolerated else "", exc)
+            self._notify("save_failed", step=step, kind=kind, error=f"{type(exc).__name__}: {exc}",
+                         tolerated=tolerated, consecutive=self.failures.consecutive)
             raise
+        self.failures.committed(step, float(metadata["created"]))
         if backend.runs_hooks:  # DCP: retention, GC, tiering once per job, on the coordinator
             self._run_hooks(info, step, raise_later=not backend.collective)
         return info

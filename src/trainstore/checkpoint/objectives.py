@@ -287,6 +287,8 @@ class ObjectivePolicy:
                 if self._restore_point is None or fields["step"] >= self._restore_point[0]:
                     self._restore_point = (fields["step"], started)
                 self._logical_bytes = float(fields["logical_bytes"])
+            elif event == "save_failed":  # the manager asks for a save again (on_error); not a restore point
+                self._started.pop(fields.get("step"), None)
             elif event == "restore" and fields.get("ok") and fields.get("logical_bytes"):
                 self._restore_per_byte.add(fields["seconds"] / fields["logical_bytes"])
 

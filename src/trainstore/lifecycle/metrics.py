@@ -8,7 +8,10 @@ Metrics (prefix ``trainstore_ckpt_``): saves by kind and outcome, caller blockin
 save and restore duration, time from creation to restore-ready and to durable, bytes
 logical/stored/written per tier, the last save's dedup and compression ratios, restores and
 fallbacks (checkpoints skipped on the way), verification failures, repairs of bad chunk copies
-(per tier that held the bad copy; see docs/checkpoints.md "Repair").
+(per tier that held the bad copy; see docs/checkpoints.md "Repair"), failed saves training
+continued through (``on_error="warn"``/``"retry"``) and the widened recovery point they leave:
+``rpo_at_risk`` (1 from a failed save to the next commit), ``consecutive_save_failures`` and
+``last_commit_age_seconds`` (age of the newest checkpoint committed in this process).
 
 With ``persist=True`` (the default when a store is given) the observer also writes its
 cumulative counters to ``jobs/<job>/stats/<host>-<pid>-<start>.json`` in the store after
@@ -38,7 +41,7 @@ log = logging.getLogger("trainstore.lifecycle.metrics")
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 STATS_FIELDS = ("saves", "save_failures", "save_seconds", "blocked_seconds", "restores", "restores_ok",
                 "restores_failed", "fallbacks", "verifications", "verify_failures", "logical_bytes",
-                "written_bytes", "durable_copies", "durable_seconds", "repairs")
+                "written_bytes", "durable_copies", "durable_seconds", "repairs", "save_failures_tolerated")
 
 
 @dataclass
@@ -58,6 +61,15 @@ class CheckpointMetrics:
         p = "trainstore_ckpt_"
         self.saves = Counter(p + "saves", "Committed checkpoint saves", ["job", "kind"], registry=r)
         self.save_failures = Counter(p + "save_failures", "Failed checkpoint saves", ["job"], registry=r)
+        self.failures_tolerated = Counter(p + "save_failures_tolerated", "Failed checkpoint saves training "
+                                          "continued through (on_error='warn' or 'retry')", ["job"], registry=r)
+        self.rpo_at_risk = Gauge(p + "rpo_at_risk", "1 from a failed checkpoint save until the next one commits "
+                                 "(the recovery point is older than planned)", ["job"], registry=r)
+        self.consecutive_failures = Gauge(p + "consecutive_save_failures", "Checkpoint saves failed in a row",
+                                          ["job"], registry=r)
+        self.last_commit_age = Gauge(p + "last_commit_age_seconds", "Seconds since the newest checkpoint committed "
+                                     "in this process was created (NaN before the first)", ["job"], registry=r)
+        self._last_commit: dict[str, float] = {}  # job -> creation time of the newest commit seen
         self.blocking = Histogram(p + "blocking_seconds", "Time the training loop was blocked by save()",
                                   ["job"], buckets=_SECONDS, registry=r)
         self.save_seconds = Histogram(p + "save_seconds", "Background save duration (write + commit)",
@@ -108,9 +120,16 @@ class CheckpointMetrics:
                 self.compression_ratio.labels(job).set(f["stored_bytes"] / f["logical_bytes"])
             add.update(saves=1, save_seconds=f["seconds"], logical_bytes=f["logical_bytes"],
                        written_bytes=f["written_bytes"])
+            self._committed(job, time.time() - f["since_created"])
         elif event == "save_failed":
             self.save_failures.labels(job).inc()
+            self.rpo_at_risk.labels(job).set(1)
+            self.consecutive_failures.labels(job).set(f.get("consecutive", 1))
+            self._ensure_age_gauge(job)
             add["save_failures"] = 1
+            if f.get("tolerated"):
+                self.failures_tolerated.labels(job).inc()
+                add["save_failures_tolerated"] = 1
         elif event == "restore":
             self.restores.labels(job, "ok" if f["ok"] else "failed").inc()
             self.restore_seconds.labels(job).observe(f["seconds"])
@@ -129,6 +148,21 @@ class CheckpointMetrics:
         if add:
             # save_staged runs on the training loop's thread: count it, write with the next event
             self._persist(job, add, write=event != "save_staged")
+
+    def _committed(self, job: str, created: float) -> None:
+        self.rpo_at_risk.labels(job).set(0)
+        self.consecutive_failures.labels(job).set(0)
+        with self._lock:
+            self._last_commit[job] = max(created, self._last_commit.get(job, created))
+        self._ensure_age_gauge(job)
+
+    def _ensure_age_gauge(self, job: str) -> None:
+        def age() -> float:
+            with self._lock:
+                created = self._last_commit.get(job)
+            return float("nan") if created is None else max(time.time() - created, 0.0)
+
+        self.last_commit_age.labels(job).set_function(age)
 
     def _persist(self, job: str, add: dict[str, float], write: bool = True) -> None:
         if not self.persist:
