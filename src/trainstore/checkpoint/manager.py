@@ -58,6 +58,7 @@ from .inflight import InflightSaves
 from .manifest import Manifest
 from .reader import SCRATCH_BYTES
 from .restore import restore_first
+from .select import Selection, prune
 from .state import jsonable
 from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle
 from .verify import record as record_verify, verify_manifest
@@ -314,28 +315,33 @@ class CheckpointManager:
 
     # -- restoring -------------------------------------------------------------------------
     def restore(self, step: int | None = None, *, best: str | None = None, mode: str = "min",
-                retry_bad: bool = False) -> Any:
+                retry_bad: bool = False, only: str | Sequence[str] | None = None,
+                reset: str | Sequence[str] | None = None) -> Any:
         """The state of the newest checkpoint that loads and verifies (or of ``step``/``best``).
 
         Sets ``last_restore`` (a ``RestoreResult``) saying which step was chosen and why.
         Raises ``NoCheckpointError`` when the job has none, ``NoValidCheckpointError`` (its
-        base class) when none could be restored.
+        base class) when none could be restored. ``only``/``reset``: load just these
+        ``/``-joined state names / all but these (``select``); the rest is not read at all.
         """
-        return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad).state
+        return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad, only=only, reset=reset).state
 
     def restore_into(self, state: Any, step: int | None = None, *, best: str | None = None, mode: str = "min",
-                     retry_bad: bool = False, scratch_bytes: int = SCRATCH_BYTES) -> RestoreResult:
+                     retry_bad: bool = False, scratch_bytes: int = SCRATCH_BYTES, only: str | Sequence[str] | None = None,
+                     reset: str | Sequence[str] | None = None) -> RestoreResult:
         """Restore into the tensors of ``state`` in place; returns the result.
 
         Transactional per candidate: ``state`` changes only once a checkpoint has been read
         and verified entirely, so a failed restore leaves it as it was (``reader.load_into``;
-        ``scratch_bytes`` bounds the verified bytes held before they are copied in).
+        ``scratch_bytes`` bounds the verified bytes held before they are copied in). With
+        ``only``/``reset`` the entries left out stay as they are in ``state``.
         """
         return self.restore_with_info(step, best=best, mode=mode, retry_bad=retry_bad, into=state,
-                                      scratch_bytes=scratch_bytes)
+                                      scratch_bytes=scratch_bytes, only=only, reset=reset)
 
     def restore_with_info(self, step: int | None = None, *, best: str | None = None, mode: str = "min",
-                          retry_bad: bool = False, into: Any = None, scratch_bytes: int = SCRATCH_BYTES) -> RestoreResult:
+                          retry_bad: bool = False, into: Any = None, scratch_bytes: int = SCRATCH_BYTES,
+                          only: str | Sequence[str] | None = None, reset: str | Sequence[str] | None = None) -> RestoreResult:
         """``restore`` / ``restore_into`` returning the ``RestoreResult`` (see module docstring).
 
         Only an integrity failure (``IntegrityError``: a corrupt, undecodable or missing chunk,
@@ -349,8 +355,16 @@ class CheckpointManager:
         if self.backend.collective:  # every rank's in-flight save has committed before steps are listed
             self._saves.settle()
         skipped: list[tuple[int, str]] = []
+        selection = Selection.of(only, reset)
+        partial = []
 
         def load(m: Manifest) -> Any:
+            if selection is not None:
+                if loader_name(m) != "single":
+                    raise ConfigError(f"partial restore (only=/reset=) of checkpoint step {m.step}: not supported "
+                                      f"for checkpoints written by the {loader_name(m)!r} backend")
+                m, report = prune(m, selection)
+                partial[:] = [report]
             return self._backend(loader_name(m)).load(m, into, scratch_bytes)
 
         found = restore_first(self.chunks, self.job, load, step, best, mode, retry_bad, skipped)
@@ -362,7 +376,7 @@ class CheckpointManager:
                                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
         m, why, state = found
         result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
-                               repairs=self.repairs[repairs_before:])
+                               repairs=self.repairs[repairs_before:], partial=partial[0] if partial else None)
         self._notify("restore", ok=True, step=m.step, kind=m.kind, seconds=result.seconds, skipped=len(skipped),
                      logical_bytes=m.logical_bytes)
         self.last_restore = result

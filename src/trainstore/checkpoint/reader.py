@@ -40,7 +40,7 @@ from ..errors import (
 )
 from .delta import scratch, xor_into
 from .manifest import Manifest, TensorEntry
-from .state import flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten
+from .state import PARTIAL_KEY, flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten
 
 try:
     import torch
@@ -248,7 +248,12 @@ def load_state(chunks: ChunkStore, manifest: Manifest, workers: int = 4) -> Any:
         leaves[name] = obj
         jobs.append((entry, raw))
     _fill(chunks, jobs, workers)
-    return unflatten(manifest.skeleton, lambda tag, name: _lookup(leaves, name))
+    return unflatten(manifest.skeleton, lambda tag, name: _lookup(leaves, name), _partial(manifest))
+
+
+def _partial(manifest: Manifest) -> bool:
+    """A manifest pruned by a partial restore (``select``), never one read from the store."""
+    return bool(manifest.metadata.get(PARTIAL_KEY))
 
 
 def _lookup(leaves: dict[str, Any], name: str) -> Any:
@@ -325,7 +330,7 @@ def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int 
         budget -= entry.nbytes
         fill_jobs.append((entry, buf))
         staged.append((buf, direct))
-    restored = unflatten(manifest.skeleton, lambda tag, name: _lookup(placed, name))
+    restored = unflatten(manifest.skeleton, lambda tag, name: _lookup(placed, name), _partial(manifest))
     # pass 1: read and verify everything; the target is untouched until this returns
     tasks = [(p, d) for entry, dst in fill_jobs for p, d in _pieces(entry, dst)]
     tasks += [(p, None) for entry, dst in twice for p, _ in _pieces(entry, dst)]

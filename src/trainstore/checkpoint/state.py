@@ -182,8 +182,24 @@ def flatten(state: Any) -> tuple[Any, list[Leaf]]:
     return skeleton, leaves
 
 
-def unflatten(skeleton: Any, tensor: Callable[[str, str], Any]) -> Any:
-    """Rebuild a state from its skeleton; ``tensor(tag, name)`` returns the loaded leaf."""
+class _NotLoaded:
+    """A list/tuple item a partial restore left out (``checkpoint.select``): ``merge_into``
+    leaves the target's item as it is."""
+
+    def __repr__(self) -> str:
+        return "NOT_LOADED"
+
+
+NOT_LOADED = _NotLoaded()
+#: skeleton node of an item a partial restore left out (only in pruned skeletons, never stored)
+NOT_LOADED_NODE = {"$not_loaded": None}
+#: metadata key marking a manifest pruned in memory by a partial restore (its skeleton may hold NOT_LOADED_NODE)
+PARTIAL_KEY = "$partial_restore"
+
+
+def unflatten(skeleton: Any, tensor: Callable[[str, str], Any], partial: bool = False) -> Any:
+    """Rebuild a state from its skeleton; ``tensor(tag, name)`` returns the loaded leaf.
+    ``partial``: accept ``NOT_LOADED_NODE`` (a pruned skeleton) and decode it as ``NOT_LOADED``."""
 
     def dec(x: Any) -> Any:
         if x is None or isinstance(x, (bool, int, float, str)):
@@ -193,6 +209,8 @@ def unflatten(skeleton: Any, tensor: Callable[[str, str], Any]) -> Any:
         if not isinstance(x, dict) or len(x) != 1:
             raise ManifestError(f"checkpoint skeleton has a malformed node {x!r:.80}")
         (tag, v), = x.items()
+        if partial and tag == "$not_loaded":
+            return NOT_LOADED
         if tag in ("$dict", "$odict"):
             if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
                 raise ManifestError("checkpoint skeleton: malformed dict node")
@@ -267,7 +285,8 @@ def merge_into(target: Any, restored: Any) -> Any:
     """Copy non-tensor values of ``restored`` into the mutable containers of ``target``.
 
     Tensors were already filled in place; dict entries and list items that are not the same
-    object are replaced, so e.g. ``param_groups[0]['lr']`` is restored too. Returns target.
+    object are replaced, so e.g. ``param_groups[0]['lr']`` is restored too; ``NOT_LOADED``
+    items (a partial restore) and dict keys ``restored`` lacks are left alone. Returns target.
     """
     if isinstance(target, dict) and isinstance(restored, dict):
         for k, v in restored.items():
@@ -280,6 +299,8 @@ def merge_into(target: Any, restored: Any) -> Any:
         return target
     if isinstance(target, list) and isinstance(restored, list) and len(target) == len(restored):
         for i, v in enumerate(restored):
+            if v is NOT_LOADED:
+                continue
             if _is_container(target[i]) and _is_container(v):
                 merged = merge_into(target[i], v)
                 if merged is not target[i]:
@@ -291,6 +312,8 @@ def merge_into(target: Any, restored: Any) -> Any:
         for t, r in zip(target, restored):
             if _is_container(t) and _is_container(r):
                 merge_into(t, r)
+        if any(r is NOT_LOADED for r in restored):  # a partial restore: keep the target's items
+            return tuple(t if r is NOT_LOADED else r for t, r in zip(target, restored))
         return restored
     return restored
 

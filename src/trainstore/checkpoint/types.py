@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from . import manifest as mf
 from .manifest import Manifest
 from .objectives import ON_BUSY, ObjectivePolicy, Objectives
+from .select import PartialReport
 
 
 @dataclass(frozen=True)
@@ -100,11 +101,14 @@ class RestoreResult:
     state: Any = None
     seconds: float = 0.0
     repairs: list[RepairEvent] = field(default_factory=list)  # bad chunk copies replaced on the way
+    partial: PartialReport | None = None  # restore(only=/reset=): what was loaded and what left out
 
     def __str__(self) -> str:
         s = f"restored step {self.step} ({self.kind}): {self.reason}"
         if self.skipped:
             s += "; skipped " + ", ".join(f"{st} ({why})" for st, why in self.skipped)
+        if self.partial is not None:
+            s += f"; {self.partial}"
         if self.repairs:
             s += f"; repaired {len(self.repairs)} bad chunk copies: " + ", ".join(str(e) for e in self.repairs[:3])
         return s
