@@ -20,13 +20,15 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 import numpy as np
 import xxhash
 import zstandard
 
-from trainstore.chunks import ChunkStore, ChunkWriter
+from trainstore.bytebudget import ByteBudget
+from trainstore.chunks import ChunkStore
 from trainstore.codecs import CODECS, CodecConfig
 from trainstore.store import LocalStore, open_store
 
@@ -147,8 +149,10 @@ def bench_chunks(root: str, arrays: dict[str, np.ndarray], reps: int, chunk_mib:
 
             def put(target, codec=codec, tag=""):
                 chunks = ChunkStore(target, prefix=f"c{tag}", codec=CodecConfig(codec=codec))
-                with ChunkWriter(chunks, workers=2, max_inflight_bytes=4 * step) as w:
-                    futs = [w.submit(p, codec=codec, itemsize=arr.itemsize) for p in pieces]
+                budget = ByteBudget(4 * step)
+                with ThreadPoolExecutor(max_workers=2) as pool:
+                    futs = [budget.submit(pool, p.nbytes, chunks.put, p, codec=codec, itemsize=arr.itemsize)
+                            for p in pieces]
                     state[tag] = [f.result().ref for f in futs]
 
             def get(target, tag=""):

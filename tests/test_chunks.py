@@ -1,19 +1,17 @@
 """Content-addressed chunks and codecs: round trips, dedup, corruption detection, hostile
-references, and the parallel writer's bound on bytes in flight."""
+references, concurrent puts of one chunk."""
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from trainstore import open_store
-from trainstore.chunks import ChunkRef, ChunkStore, ChunkWriter, PutResult, content_hash
+from trainstore.chunks import ChunkRef, ChunkStore, content_hash
 from trainstore.codecs import CODECS, MAX_CHUNK_BYTES, CodecConfig, decode, encode
 from trainstore.errors import (
     ChunkCorruptError,
@@ -115,8 +113,8 @@ def test_identical_content_is_stored_once(any_store):
 def test_concurrent_puts_of_the_same_content(any_store):
     chunks = ChunkStore(any_store)
     data = weights(20_000, "bf16")
-    with ChunkWriter(chunks, workers=4) as writer:
-        futures = [writer.submit(data, itemsize=2) for _ in range(12)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(chunks.put, data, itemsize=2) for _ in range(12)]
         refs = {f.result().ref for f in futures}
     assert len(refs) == 1
     assert len(list(chunks.list_keys())) == 1
@@ -294,79 +292,3 @@ def test_bad_codec_arguments():
         CodecConfig(level=12)
     with pytest.raises(ConfigError):
         CodecConfig(threads=0)
-
-
-# -- the parallel writer --------------------------------------------------------------------
-
-class MeteredChunkStore(ChunkStore):
-    """Counts the bytes inside put() at any moment (slowed down so writes overlap)."""
-
-    def __init__(self, *a, delay: float = 0.01, **kw) -> None:
-        super().__init__(*a, **kw)
-        self.delay = delay
-        self.inflight = 0
-        self.max_inflight = 0
-        self.max_concurrent = 0
-        self.concurrent = 0
-        self.lock = threading.Lock()
-
-    def put(self, data, codec=None, itemsize=1, digest=None) -> PutResult:
-        n = memoryview(data).nbytes
-        with self.lock:
-            self.inflight += n
-            self.concurrent += 1
-            self.max_inflight = max(self.max_inflight, self.inflight)
-            self.max_concurrent = max(self.max_concurrent, self.concurrent)
-        try:
-            time.sleep(self.delay)
-            return super().put(data, codec, itemsize, digest)
-        finally:
-            with self.lock:
-                self.inflight -= n
-                self.concurrent -= 1
-
-
-def test_writer_bounds_bytes_in_flight():
-    chunks = MeteredChunkStore(open_store(f"memory://{uuid.uuid4().hex}"))
-    budget = 1 << 20
-    sizes = [100_000, 300_000, 64_000, 500_000, 250_000, 10_000] * 8
-    arrays = [RNG.integers(0, 255, n, dtype=np.uint8) for n in sizes]
-    with ChunkWriter(chunks, workers=6, max_inflight_bytes=budget) as writer:
-        futures = [writer.submit(a) for a in arrays]
-        results = [f.result() for f in futures]
-    assert chunks.max_inflight <= budget, chunks.max_inflight
-    assert chunks.max_concurrent >= 2  # the writes did run in parallel
-    assert chunks.max_inflight > max(sizes)  # ...and filled more than one chunk of budget
-    for a, r in zip(arrays, results):
-        assert bytes(memoryview(chunks.get(r.ref))) == a.tobytes()
-
-
-def test_writer_lets_one_oversized_chunk_through_alone():
-    chunks = MeteredChunkStore(open_store(f"memory://{uuid.uuid4().hex}"))
-    with ChunkWriter(chunks, workers=4, max_inflight_bytes=1000) as writer:
-        futures = [writer.submit(RNG.integers(0, 255, 5000, dtype=np.uint8)) for _ in range(4)]
-        [f.result() for f in futures]
-    assert chunks.max_concurrent == 1 and chunks.max_inflight == 5000
-
-
-def test_writer_reports_failures_and_releases_budget():
-    chunks = memory_chunks()
-    with ChunkWriter(chunks, workers=2, max_inflight_bytes=100) as writer:
-        bad = writer.submit(b"x" * 60, codec="nope")
-        with pytest.raises(ConfigError):
-            bad.result(timeout=10)
-        ok = writer.submit(b"y" * 60)  # the failed one gave its budget back: no deadlock
-        assert ok.result(timeout=10).written
-    with pytest.raises(ConfigError):
-        ChunkWriter(chunks, max_inflight_bytes=0)
-
-
-def test_writer_parallel_to_s3(s3_url):
-    url, opts = s3_url
-    chunks = ChunkStore(open_store(url, **opts))
-    arrays = [weights(40_000, "float32") for _ in range(16)]
-    with ChunkWriter(chunks, workers=4, max_inflight_bytes=1 << 20) as writer:
-        refs = [f.result().ref for f in [writer.submit(a, itemsize=4) for a in arrays]]
-    assert len(list(chunks.list_keys())) == 16
-    for a, ref in zip(arrays, refs):
-        assert bytes(memoryview(chunks.get(ref))) == a.tobytes()

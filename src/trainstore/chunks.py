@@ -16,8 +16,8 @@
 * Replicas (opt-in, ``put_replica``): a second copy of a chunk under ``<key>.replica`` in the
   same store, for chunks many checkpoints share (``lifecycle.redundancy`` picks them). GC keeps a
   replica exactly while its primary is referenced.
-* ``ChunkWriter`` writes many chunks in parallel with a bound on bytes in flight
-  (torchsnapshot's byte budget): ``submit`` blocks while the budget is used up.
+* Parallel writers bound the bytes in flight with ``bytebudget.ByteBudget`` (the checkpoint
+  writer, the demo).
 
 Why BLAKE3 and not xxh3: names double as dedup keys, so a collision would silently swap
 one tensor's bytes for another's. xxh3 is not collision resistant against crafted input;
@@ -33,7 +33,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -379,50 +378,3 @@ class ChunkStore:
         self.store.delete(key)
         self.forget({key})
 
-
-class ChunkWriter:
-    """Writes chunks in parallel with at most ``max_inflight_bytes`` of input held.
-
-    ``submit`` returns a future of ``PutResult``; it blocks while the budget is spent, so a
-    producer that is faster than the store cannot run the machine out of memory. ``close``
-    waits for everything. The caller must keep each submitted buffer alive and unchanged
-    until its future is done.
-    """
-
-    def __init__(self, chunks: ChunkStore, *, workers: int = 4, max_inflight_bytes: int = 512 << 20) -> None:
-        if max_inflight_bytes <= 0:
-            raise ConfigError("max_inflight_bytes must be positive")
-        self.chunks = chunks
-        self.max_inflight = max_inflight_bytes
-        self._inflight = 0
-        self._cv = threading.Condition()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-chunk")
-
-    def submit(self, data: Buffer, codec: str | None = None, itemsize: int = 1) -> Future[PutResult]:
-        n = memoryview(data).nbytes
-        cost = min(n, self.max_inflight)  # one oversized chunk may still pass alone
-        with self._cv:
-            while self._inflight and self._inflight + cost > self.max_inflight:
-                self._cv.wait()
-            self._inflight += cost
-        try:
-            fut = self._pool.submit(self.chunks.put, data, codec, itemsize)
-        except BaseException:
-            self._release(cost)
-            raise
-        fut.add_done_callback(lambda _f: self._release(cost))
-        return fut
-
-    def _release(self, cost: int) -> None:
-        with self._cv:
-            self._inflight -= cost
-            self._cv.notify_all()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def __enter__(self) -> ChunkWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -3,8 +3,9 @@
 ``write_tensors`` cuts every staged tensor into pieces of ``chunk_bytes``, encodes each
 piece with ``PieceEncoder`` (plain for full checkpoints; against the base for incrementals)
 on ``workers`` threads, and returns the manifest entries. At most ``max_inflight_bytes`` of
-pieces are being processed at once, which bounds the scratch and compressed buffers
-alive (the staged input itself lives in the reusable arena). Hashing (BLAKE3), XOR (numpy)
+pieces are being processed at once (a ``ByteBudget``, charged by each piece's size), which
+bounds the scratch and compressed buffers alive (the staged input itself lives in the
+reusable arena). Hashing (BLAKE3), XOR (numpy)
 and the zstd codecs release the GIL, so the threads really run in parallel with each other
 and with training; at most ``cpu_threads`` of them use a core at once.
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from ..bytebudget import ByteBudget
 from ..chunks import ChunkStore
 from ..codecs import check_codec
 from ..errors import ConfigError
@@ -121,20 +123,17 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
                        threads=opts.codec_threads, incompressible_ratio=opts.incompressible_ratio,
                        raw_above=opts.raw_above,
                        cpu=threading.BoundedSemaphore(opts.cpu_threads or default_cpu_threads()))
-    slots = threading.BoundedSemaphore(max(1, opts.max_inflight_bytes // opts.chunk_bytes))
+    budget = ByteBudget(opts.max_inflight_bytes)
     results: dict[str, list[Future[PieceResult] | None]] = {}
     pending: set[Future] = set()
     stats = WriteStats()
 
     def work(t: StagedTensor, data: memoryview, idx: int) -> PieceResult:
-        try:
-            found = base(t.name, t.dtype, idx, data.nbytes) if base is not None else None
-            if found is None:
-                return enc.plain(data, t.itemsize)
-            entry, raw = found
-            return enc.against_base(data, t.itemsize, entry, raw)
-        finally:
-            slots.release()
+        found = base(t.name, t.dtype, idx, data.nbytes) if base is not None else None
+        if found is None:
+            return enc.plain(data, t.itemsize)
+        entry, raw = found
+        return enc.against_base(data, t.itemsize, entry, raw)
 
     with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-ckpt-write",
                             initializer=lower_thread_priority, initargs=(opts.nice,)) as pool:
@@ -146,8 +145,8 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
                 for idx, start in enumerate(range(0, n, opts.chunk_bytes)):
                     if cancel is not None and cancel.is_set():
                         raise ConfigError("checkpoint save cancelled")
-                    slots.acquire()
-                    fut = pool.submit(work, t, t.data[start:start + opts.chunk_bytes], idx)
+                    piece = t.data[start:start + opts.chunk_bytes]
+                    fut = budget.submit(pool, piece.nbytes, work, t, piece, idx)
                     futs.append(fut)
                     pending.add(fut)
                     # fail fast: stop submitting as soon as any piece failed

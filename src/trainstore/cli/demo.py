@@ -10,6 +10,7 @@ back bit-exactly, corrupts a canary chunk to show detection, and lists the store
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from ..chunks import ChunkRef, ChunkStore, ChunkWriter
+from ..bytebudget import ByteBudget
+from ..chunks import ChunkRef, ChunkStore
 from ..codecs import CODECS, CodecConfig
 from ..errors import ChunkCorruptError, ConfigError
 from ..store import Store, open_store
@@ -71,8 +73,10 @@ def _write_all(chunks: ChunkStore, tensors: dict[str, np.ndarray], codec: str) -
     refs: dict[str, list[ChunkRef]] = {}
     stats: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
-    with ChunkWriter(chunks, workers=2, max_inflight_bytes=8 * CHUNK_BYTES) as writer:
-        futures = {name: [writer.submit(c, codec=codec, itemsize=arr.itemsize) for c in _split(arr)]
+    budget = ByteBudget(8 * CHUNK_BYTES)  # bounds the compressed buffers alive at once
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainstore-demo") as pool:
+        futures = {name: [budget.submit(pool, c.nbytes, chunks.put, c, codec=codec, itemsize=arr.itemsize)
+                          for c in _split(arr)]
                    for name, arr in tensors.items()}
         for name, futs in futures.items():
             kind = "bf16" if "bf16" in name else "f32"
