@@ -231,10 +231,13 @@ def _ensure_chunks(chunks: ChunkStore, manifest: mf.Manifest, pieces: dict[str, 
 
 
 def _put_exact(chunks: ChunkStore, ref: ChunkRef, data: memoryview) -> None:
+    """Write back chunk ``ref`` from its raw bytes. The write is conditional: another writer
+    may win with its own copy (another codec level: another stored size), so only what names
+    the content is compared (hash, codec, raw size), never ``stored`` (see ``ChunkRef.max_stored``)."""
     got = chunks.put(data, ref.codec, ref.itemsize, digest=ref.hash).ref
-    if got != ref:
-        raise IntegrityError(f"rewriting chunk {ref.key(chunks.prefix)} gave {got.stored} stored bytes, "
-                             f"the manifest records {ref.stored}")
+    if (got.hash, got.codec, got.size) != (ref.hash, ref.codec, ref.size):
+        raise IntegrityError(f"rewriting chunk {ref.key(chunks.prefix)} gave {got.key(chunks.prefix)} of {got.size} "
+                             f"raw bytes, the manifest records {ref.size}")
 
 
 def _rewrite(chunks: ChunkStore, piece: mf.ChunkEntry, raw: memoryview, here: tuple[bool, ...]) -> None:
