@@ -1,16 +1,7 @@
-"""Checkpoint manifests: the format, the layout in a store, listing and loading.
+"""Checkpoint manifests: the JSON format (validated), loading, committing, verification records.
 
-Layout (one store may hold many jobs; chunks are shared so identical bytes dedup across
-every checkpoint of every job in the store)::
-
-    jobs/<job>/checkpoints/<step:012d>/manifest.json  the checkpoint; written LAST, put_if_absent
-    jobs/<job>/checkpoints/<step:012d>/verify.json    latest verification record (optional, put)
-    chunks/<h[0:2]>/<h>.<codec>                       content-addressed chunks (trainstore.chunks)
-
-A checkpoint exists only once its ``manifest.json`` is committed, after every chunk it names
-is durable; a crashed save leaves at most unreferenced chunks (garbage for GC) and is never
-listed. ``verify.json`` is advisory: it records the outcome of the last ``verify`` so that
-``restore()`` does not retry a checkpoint known to be bad (unless asked).
+The layout (keys, listing) is in ``layout.py``: a checkpoint exists only once its
+``manifest.json`` is committed, after every chunk it names is durable.
 
 Manifest JSON (``format: "trainstore.checkpoint/1"``)::
 
@@ -55,49 +46,25 @@ from typing import Any
 
 from ..chunks import HASH_HEX_LEN, ChunkRef, content_hash
 from ..errors import ConfigError, ManifestError, NotFoundError
-from ..naming import check_name
 from ..store.base import Store
+from .layout import (  # re-exported: callers reach the layout through this module too
+    MANIFEST_NAME,
+    STEP_DIGITS,
+    VERIFY_NAME,
+    check_job,
+    check_step,
+    checkpoints_prefix,
+    job_prefix,
+    list_jobs,
+    list_steps,
+    manifest_key,
+    step_prefix,
+    verify_key,
+)
 
 FORMAT = "trainstore.checkpoint/1"
 KINDS = ("full", "incremental")
-STEP_DIGITS = 12
-MANIFEST_NAME = "manifest.json"
-VERIFY_NAME = "verify.json"
-#: A job name is one path segment: letters, digits, ``._-``, at most 128 characters.
 _MAX_MANIFEST_BYTES = 256 << 20
-
-
-# -- layout -------------------------------------------------------------------------------
-def check_job(job: str) -> str:
-    """Return ``job`` if it is a valid job name, else raise ``ConfigError``."""
-    return check_name(job, "job name")
-
-
-def check_step(step: object) -> int:
-    """Steps are non-negative ints below 10**12 (the zero-padded width)."""
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**STEP_DIGITS:
-        raise ConfigError(f"step must be an int in [0, 10**{STEP_DIGITS}), got {step!r}")
-    return step
-
-
-def job_prefix(job: str) -> str:
-    return f"jobs/{check_job(job)}/"
-
-
-def checkpoints_prefix(job: str) -> str:
-    return f"jobs/{check_job(job)}/checkpoints/"
-
-
-def step_prefix(job: str, step: int) -> str:
-    return f"{checkpoints_prefix(job)}{check_step(step):0{STEP_DIGITS}d}/"
-
-
-def manifest_key(job: str, step: int) -> str:
-    return step_prefix(job, step) + MANIFEST_NAME
-
-
-def verify_key(job: str, step: int) -> str:
-    return step_prefix(job, step) + VERIFY_NAME
 
 
 # -- the manifest -------------------------------------------------------------------------
@@ -328,28 +295,6 @@ def manifest_chunk_keys(manifest: Manifest, prefix: str = "chunks") -> set[str]:
 
 
 # -- store access -------------------------------------------------------------------------
-def list_steps(store: Store, job: str) -> list[int]:
-    """Committed steps of ``job``, ascending (a step counts once its manifest.json exists)."""
-    prefix = checkpoints_prefix(job)
-    steps = []
-    for meta in store.list(prefix):
-        rest = meta.key[len(prefix):]
-        parts = rest.split("/")
-        if len(parts) == 2 and parts[1] == MANIFEST_NAME and len(parts[0]) == STEP_DIGITS and parts[0].isdigit():
-            steps.append(int(parts[0]))
-    return sorted(steps)
-
-
-def list_jobs(store: Store) -> list[str]:
-    """Job names that have at least one committed checkpoint."""
-    jobs = set()
-    for meta in store.list("jobs/"):
-        parts = meta.key.split("/")
-        if len(parts) == 5 and parts[2] == "checkpoints" and parts[4] == MANIFEST_NAME:
-            jobs.add(parts[1])
-    return sorted(jobs)
-
-
 def load_manifest(store: Store, job: str, step: int) -> Manifest:
     """Read and validate one manifest. ``NotFoundError`` / ``ManifestError``."""
     key = manifest_key(job, step)
@@ -422,7 +367,7 @@ def new_verify_record(step: int, deep: bool, errors: list[str], chunks_checked: 
 
 
 __all__ = [
-    "FORMAT", "KINDS", "STEP_DIGITS", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
+    "FORMAT", "KINDS", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "job_prefix", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
     "check_job", "check_step", "checkpoints_prefix", "step_prefix", "manifest_key", "verify_key",
     "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest",
     "list_manifests", "commit_manifest", "write_verify_record", "load_verify_record",
