@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigError, NotFoundError, TrainstoreError
+from .liveness import identity
 from .store.base import Store
 
 log = logging.getLogger("trainstore.sweeps")
@@ -222,7 +223,7 @@ class SweepMarker:
         self.hard = self.started + max_duration
         # named by the hard deadline: writers skip (without reading) markers that ended long ago
         self.key = f"{prefix}sweeps/{int(self.hard * 1000):015d}-{uuid.uuid4().hex[:12]}.json"
-        self.body = {"state": "running", "started": self.started}
+        self.body = {"state": "running", "started": self.started, **identity()}  # who sweeps (liveness)
         self.deadline = 0.0
         self.lapsed = False
         self._stop = threading.Event()

@@ -341,13 +341,14 @@ def test_a_save_committing_between_the_sweeps_two_reference_listings_keeps_its_c
 
 
 def test_heartbeat_lapse_stops_deletion(store):
-    import trainstore.lifecycle.gc as gcmod
+    from trainstore.sweeps import SweepMarker
 
     clock = [1000.0]
-    beat = gcmod._Heartbeat(store, gcmod.SWEEPS + "x.json", {"started": 1000.0}, GcOptions(heartbeat=10),
-                            lambda: clock[0])
+    beat = SweepMarker(store, "gc/", max_duration=3600.0, heartbeat=10.0, now=lambda: clock[0])
     beat._renew()
     assert beat.deadline == 1030.0 and beat.may_delete()
+    body = json.loads(bytes(memoryview(store.get(beat.key))))
+    assert body["state"] == "running" and body["pid"] == os.getpid()  # who sweeps, for liveness checks
     clock[0] = 1025.0  # within the deadline but less than one beat ahead: no new batches
     assert not beat.may_delete()
     beat._renew()
@@ -368,7 +369,7 @@ def test_old_markers_expire(store):
     store.put(gcmod.SWEEPS + "000000000000001-a.json", _json.dumps({"state": "done", "finished": old}).encode())
     store.put(gcmod.SWEEPS + "000000000000002-b.json", _json.dumps({"state": "running", "deadline": old}).encode())
     collect_garbage(store, NOGRACE)
-    assert [m["state"] for m in sweep_markers(store)] == ["done"]  # only this sweep's own marker
+    assert [(m["state"], m["pid"]) for m in sweep_markers(store)] == [("done", os.getpid())]  # only its own
 
 
 def test_a_sigkilled_sweep_on_this_host_does_not_stall_the_next_save(tmp_path):

@@ -27,9 +27,7 @@ garbage only after it). Listing is strongly consistent on S3, GCS, Azure and loc
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,9 +44,8 @@ from ..checkpoint.lease import (
 )
 from ..chunks import ChunkStore, replica_key
 from ..errors import ConfigError, ManifestError, TrainstoreError
-from ..liveness import identity
 from ..store.base import Store
-from ..sweeps import load_json, put_json
+from ..sweeps import SweepMarker, load_json
 from .retention import parse_duration
 
 log = logging.getLogger("trainstore.lifecycle.gc")
@@ -167,11 +164,10 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     opts = options or GcOptions()
     t0 = now()
     report = GcReport(dry_run=dry_run)
-    # named by the hard deadline: savers skip (without reading) markers that ended long ago
-    hard = t0 + float(opts.max_duration)  # type: ignore[arg-type]
-    marker_key = f"{SWEEPS}{int(hard * 1000):015d}-{uuid.uuid4().hex[:12]}.json"
-    marker = {"state": "running", "started": t0, **identity()}
-    beat = _Heartbeat(store, marker_key, marker, opts, now)
+    # the marker (keyed by its hard deadline, carrying this process's identity) is kept alive
+    # by a heartbeat; savers wait for it only until its deadline
+    beat = SweepMarker(store, SWEEPS.removesuffix("sweeps/"), max_duration=float(opts.max_duration),  # type: ignore[arg-type]
+                       heartbeat=float(opts.heartbeat), now=now)  # type: ignore[arg-type]
     if not dry_run:
         beat.start()  # (1) the marker is written before any listing, then kept alive
     try:
@@ -212,66 +208,17 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     finally:
         report.seconds = now() - t0
         if not dry_run:
-            beat.stop()
+            beat.finish(deleted=report.deleted)  # (5)
             try:
-                put_json(store, marker_key, {**marker, "state": "done", "finished": now(),
-                                              "deleted": report.deleted})  # (5)
                 _expire_markers(store, now(), opts.marker_ttl)  # type: ignore[arg-type]
-            except TrainstoreError as exc:  # the marker's deadline still bounds what savers wait for
-                log.warning("gc: could not finish sweep marker %s: %s", marker_key, exc)
+            except TrainstoreError as exc:  # old markers are removed by a later sweep
+                log.warning("gc: could not expire old sweep markers: %s", exc)
     log.info("gc of %s: %d chunks, %d referenced, deleted %d (%.1f MB)%s", store.url, report.chunks,
              report.referenced, report.deleted, report.bytes_reclaimed / 1e6, " [dry run]" if dry_run else "")
     return report
 
 
-class _Heartbeat:
-    """Keeps a sweep marker alive: its ``deadline`` is renewed every ``heartbeat`` seconds to
-    now + 3 beats (never past started + max_duration). Savers wait for a running sweep only
-    until its deadline, so a crashed sweep delays saves by seconds, not an hour. In turn the
-    sweep deletes only while its published deadline is at least one beat ahead, and stops for
-    good if a renewal ever came late (a paused process: savers may have stopped waiting)."""
-
-    def __init__(self, store: Store, key: str, marker: dict, opts: GcOptions, now: Callable[[], float]) -> None:
-        self.store, self.key, self.marker, self.now = store, key, marker, now
-        self.period = float(opts.heartbeat)  # type: ignore[arg-type]
-        self.hard = marker["started"] + float(opts.max_duration)  # type: ignore[arg-type]
-        self.deadline = 0.0
-        self.lapsed = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="trainstore-gc-heartbeat", daemon=True)
-
-    def _renew(self) -> None:
-        t = self.now()
-        if self.deadline and t > self.deadline:
-            self.lapsed = True
-            return
-        deadline = min(t + 3 * self.period, self.hard)
-        put_json(self.store, self.key, {**self.marker, "deadline": deadline})
-        if self.deadline and self.now() > self.deadline:  # the put itself outlived the old deadline
-            self.lapsed = True
-        self.deadline = deadline
-
-    def start(self) -> None:
-        self._renew()
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period) and not self.lapsed:
-            try:
-                self._renew()
-            except TrainstoreError as exc:
-                log.warning("gc: could not renew sweep marker %s: %s", self.key, exc)
-
-    def may_delete(self) -> bool:
-        return not self.lapsed and self.now() + self.period < self.deadline
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-def _delete(store: Store, victims: list[tuple[str, int]], opts: GcOptions, beat: _Heartbeat, report: GcReport,
+def _delete(store: Store, victims: list[tuple[str, int]], opts: GcOptions, beat: SweepMarker, report: GcReport,
             progress: Callable[[str, int, int], Any] | None) -> None:
     with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-gc") as pool:
         for i in range(0, len(victims), opts.batch):

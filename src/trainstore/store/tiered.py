@@ -130,11 +130,6 @@ class TieredStore(Store):
         path = self.hot.local_path(key)
         return path if path is not None and os.path.isfile(path) else None
 
-    def gc_stores(self) -> tuple[list[Store], list[Store]]:
-        """Leases go to hot and durable; only the hot one is dropped at commit (the durable
-        one after the durable copy, see ``lifecycle.tiering``)."""
-        return [self.hot, self.durable], [self.hot]
-
     def close(self) -> None:
         for s in self._tiers:
             s.close()
