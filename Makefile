@@ -31,7 +31,7 @@ demo: $(STAMP)
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report browser test skips (fails with CI=1)"
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium lint
 	$(PY) -m pytest -q -m "not slow and not stress" -p no:cacheprovider
 
 stress: $(STAMP)

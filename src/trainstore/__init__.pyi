@@ -7,7 +7,6 @@ from .store import open_store as open_store
 
 __version__: str
 
-from .nodecache import NodeCache as NodeCache
 from .checkpoint import (
     CheckpointInfo as CheckpointInfo,
     CheckpointManager as CheckpointManager,
@@ -16,3 +15,4 @@ from .checkpoint import (
 from .chunks import ChunkRef as ChunkRef, ChunkStore as ChunkStore
 from .lifecycle.registry import Registry as Registry
 from .lifecycle.retention import RetentionPolicy as RetentionPolicy
+from .nodecache import NodeCache as NodeCache

@@ -303,9 +303,8 @@ def test_load_from_s3(s3_url, tmp_path):
 def test_rejects_non_feature_layout(store, tmp_path):
     import pyarrow as pa
 
-    from trainstore.data.versions import DatasetVersion, commit_version
-
     from trainstore.data.layouts import ArrowIpcLayout, register_layout
+    from trainstore.data.versions import DatasetVersion, commit_version
 
     class Unservable(ArrowIpcLayout):  # parquet is served since issue 16: a layout that is not
         name, servable = "unservable-test", False

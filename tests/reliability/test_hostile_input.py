@@ -10,8 +10,7 @@ import os
 import string
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from trainstore import open_store
 from trainstore.chunks import ChunkRef

@@ -14,12 +14,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from trainstore import open_store
-from trainstore.checkpoint import CheckpointManager
-from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint import CheckpointManager, manifest as mf
 from trainstore.chunks import ChunkStore
 from trainstore.errors import ManifestError, TrainstoreError
 
