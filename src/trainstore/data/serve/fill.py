@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ...errors import BackgroundError, CapacityError, StoreError
+from ...errors import BackgroundError, CapacityError, IntegrityError, StoreError
 from .dataset import Dataset
 
 
@@ -71,7 +71,7 @@ class ShardFiller:
         self.retries = retries
         self.backoff_s = backoff_s
         self.on_all_filled = on_all_filled
-        self.error: BackgroundError | None = None
+        self.error: BackgroundError | IntegrityError | None = None
         #: bytes this filler downloaded (node-cache misses), for the loader's re-fetch count
         self.fetched_bytes = 0
         self._closed = threading.Event()
@@ -108,10 +108,13 @@ class ShardFiller:
         except Exception as exc:  # noqa: BLE001 - handed to the consumer at its next batch
             self.budget.release(nbytes)
             info = self.ds.shards[s]
-            err = BackgroundError(f"prefetch of shard {info.key} of {self.ds.version.id} failed: "
-                                  f"{type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            self.error = err
+            if isinstance(exc, IntegrityError):  # corrupt data: the error itself names the object
+                self.error = exc
+            else:
+                err = BackgroundError(f"prefetch of shard {info.key} of {self.ds.version.id} failed: "
+                                      f"{type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+                self.error = err
             self._closed.set()
             return False
         if handle is None:
