@@ -174,3 +174,20 @@ def test_parallel_puts_under_a_budget_to_s3(s3_url):
     assert len(list(chunks.list_keys())) == 16 and budget.inflight == 0
     for a, ref in zip(arrays, refs):
         assert bytes(memoryview(chunks.get(ref))) == a.tobytes()
+
+
+def test_acquire_gives_up_when_cancelled_and_reserves_nothing():
+    budget = ByteBudget(100)
+    budget.acquire(80)
+    cancel = threading.Event()
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(budget.acquire(50, cancel)))
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive()  # blocked: 80 + 50 > 100
+    cancel.set()
+    waiter.join(2)
+    assert got == [False] and budget.inflight == 80
+    budget.release(80)
+    assert budget.acquire(50, cancel) is False  # already cancelled: nothing reserved
+    assert budget.inflight == 0

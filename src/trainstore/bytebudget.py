@@ -38,14 +38,20 @@ class ByteBudget:
             raise ConfigError(f"cannot reserve a negative byte count ({nbytes})")
         return min(nbytes, self.limit)  # an oversized item counts as the whole budget
 
-    def acquire(self, nbytes: int) -> None:
-        """Reserve ``nbytes``; blocks while that would exceed the budget."""
+    def acquire(self, nbytes: int, cancel: threading.Event | None = None) -> bool:
+        """Reserve ``nbytes``; blocks while that would exceed the budget. With ``cancel``,
+        gives up (reserving nothing, returning False) once that event is set."""
         cost = self._cost(nbytes)
         with self._cv:
             while self._inflight and self._inflight + cost > self.limit:
-                self._cv.wait()
+                if cancel is not None and cancel.is_set():
+                    return False
+                self._cv.wait(None if cancel is None else 0.1)
+            if cancel is not None and cancel.is_set():
+                return False
             self._inflight += cost
             self._peak = max(self._peak, self._inflight)
+            return True
 
     def release(self, nbytes: int) -> None:
         """Give back what ``acquire(nbytes)`` reserved."""

@@ -22,34 +22,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ...bytebudget import ByteBudget
 from ...errors import BackgroundError, CapacityError, IntegrityError, StoreError
 from .dataset import Dataset
-
-
-class ByteBudget:
-    """Bytes pinned ahead of use, shared by the epoch runs of one loader."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, n: int, closed: threading.Event) -> bool:
-        """Wait until ``n`` more bytes fit (or nothing is held); False if ``closed`` first."""
-        with self._cond:
-            while self.used and self.used + n > self.limit:
-                if closed.is_set():
-                    return False
-                self._cond.wait(0.1)
-            if closed.is_set():
-                return False
-            self.used += n
-            return True
-
-    def release(self, n: int) -> None:
-        with self._cond:
-            self.used -= n
-            self._cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -182,4 +157,4 @@ class ShardFiller:
         self.release_pins()
 
 
-__all__ = ["ByteBudget", "FillPlan", "ShardFiller"]
+__all__ = ["FillPlan", "ShardFiller"]

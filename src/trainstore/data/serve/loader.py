@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from ...bytebudget import ByteBudget
 from ...errors import ConfigError
 from .dataset import Dataset, DatasetConfig
 from .exchange import ExchangeStep, RowExchange
-from .fill import ByteBudget, FillPlan, ShardFiller
+from .fill import FillPlan, ShardFiller
 from .meter import IOWaitMeter, MeterConfig
 from .sampler import PlanSpec, epoch_streams
 
