@@ -27,12 +27,9 @@ background thread: retention, tiering, metrics export); all store access goes th
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -51,7 +48,7 @@ from ..errors import (
 from ..provenance import code_version, trainstore_version
 from ..store import open_store
 from ..store.base import Store
-from . import manifest as mf
+from . import exit as exit_hooks, manifest as mf
 from .backend import SaveBackend, SaveContext, backend_class, backend_name, loader_name
 from .failures import SaveErrorPolicy, SaveFailures
 from .inflight import InflightSaves
@@ -104,7 +101,7 @@ class CheckpointManager:
         self._lock = self._saves.lock
         self._closed = False
         self._code_version = code_version()
-        _live_managers.add(self)
+        exit_hooks.track(self)
 
     # -- policy ----------------------------------------------------------------------------
     def should_save(self, step: int) -> str | None:
@@ -244,7 +241,7 @@ class CheckpointManager:
             self._executor.shutdown(wait=True)
             for backend in self._backends.values():
                 backend.close()
-            _live_managers.discard(self)
+            exit_hooks.untrack(self)
             if self._owns_store:
                 self.store.close()
 
@@ -383,30 +380,6 @@ class CheckpointManager:
         log.info("restore: %s", result)
         return result
 
-
-# -- interpreter exit: finish or report pending saves ---------------------------------------
-_live_managers: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
-
-
-def _finish_at_exit() -> None:
-    for mgr in list(_live_managers):
-        pending = mgr.pending()
-        try:
-            if pending is not None:
-                log.warning("interpreter exit: waiting for checkpoint step %d of job %r", pending, mgr.job)
-            mgr.close()
-        except BaseException as exc:  # noqa: BLE001 - report, never raise at exit
-            log.error("trainstore: checkpoint save of job %r did not complete at exit: %s", mgr.job, exc)
-
-
-# Run before concurrent.futures shuts its pools down at interpreter exit (threading's exit
-# hooks run in reverse order of registration and concurrent.futures registered at import),
-# so a pending save can still use its thread pool; plain atexit as a fallback.
-_register = getattr(threading, "_register_atexit", None)
-if _register is not None:
-    _register(_finish_at_exit)
-else:  # pragma: no cover
-    atexit.register(_finish_at_exit)
 
 __all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle",
            "WriteOptions", "code_version"]
