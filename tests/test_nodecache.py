@@ -11,7 +11,7 @@ import pytest
 from trainstore import open_store
 from trainstore.chunks import content_hash
 from trainstore.errors import CapacityError, ConfigError, IntegrityError, NotFoundError
-from trainstore.nodecache import CacheConfig, NodeCache
+from trainstore.nodecache import CacheConfig, NodeCache, cache as nodecache_module
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -135,8 +135,8 @@ def test_threads_that_find_the_same_corrupt_copy_refetch_it_once(store, tmp_path
     with open(cache.path_of(key), "r+b") as f:
         f.seek(7)
         f.write(b"\x00\xff")
-    download = cache._download
-    monkeypatch.setattr(cache, "_download", lambda k, fd: (time.sleep(0.3), download(k, fd))[1])
+    slow = nodecache_module.download  # slowed down so every reader finds the corrupt copy first
+    monkeypatch.setattr(nodecache_module, "download", lambda s, k, fd: (time.sleep(0.3), slow(s, k, fd))[1])
     start = threading.Barrier(4)
     got = []
 

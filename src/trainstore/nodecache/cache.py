@@ -30,20 +30,19 @@ import fcntl
 import hashlib
 import logging
 import os
-import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import filelock
 
-from ..errors import CapacityError, ConfigError, IntegrityError, NotFoundError, StoreError
-from ..fileio import unlink_quietly, write_all
+from ..errors import CapacityError, ConfigError, IntegrityError, StoreError
+from ..fileio import unlink_quietly
 from ..store import Store, open_store, validate_key
 from .config import CacheConfig, CacheStats
-from .files import TMP_PREFIX, PinnedFile, copy_file, file_hash, stamp
+from .fetch import download, download_ranges
+from .files import TMP_PREFIX, PinnedFile, file_hash, stamp, temp_file_beside, touch
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +208,7 @@ class NodeCache:
         """True (and the hit counted, the file's LRU time refreshed) when the pinned copy is good."""
         if not self._hit_ok(handle, checksum, size):
             return False
-        self._touch(path)
+        touch(path)
         with self._mu:
             self.stats.hits += 1
             self.stats.bytes_read_hits += handle.size
@@ -256,11 +255,14 @@ class NodeCache:
             if size > self.config.limit_bytes:
                 raise self._too_big(key, size)
             self._make_room(size, key, ahead)
-            fd, tmp = self._temp_in(path)
+            fd, tmp = temp_file_beside(path)
             try:
                 ranged = (self.store.local_path(key) is None and size > self.config.part_bytes
                           and self.config.fetch_concurrency > 1)
-                written = self._download_ranges(key, fd, size) if ranged else self._download(key, fd)
+                written = (download_ranges(self.store, key, fd, size, self._ranges_pool(),
+                                           part_bytes=self.config.part_bytes,
+                                           in_flight=self.config.fetch_concurrency)
+                           if ranged else download(self.store, key, fd))
                 if size is not None and written != size:
                     raise IntegrityError(
                         f"object {key!r} in {self.store.url} is {written} bytes, expected {size}"
@@ -284,7 +286,7 @@ class NodeCache:
                 self.stats.bytes_fetched += written
                 if checksum is not None:
                     self._verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
-            self._touch(path)
+            touch(path)
             handle = self._handle(key, path, fd, written)
             handle.fetched = True
             return handle
@@ -292,57 +294,13 @@ class NodeCache:
     def _object_size(self, key: str) -> int:
         return self.store.head(key).size
 
-    def _download(self, key: str, fd: int) -> int:
-        """Copy the object into ``fd``; a local durable store is copied in-kernel."""
-        src = self.store.local_path(key)
-        if src is not None:
-            try:
-                with open(src, "rb") as f:
-                    return copy_file(f.fileno(), fd)
-            except FileNotFoundError:
-                raise NotFoundError(f"object {key!r} not found in {self.store.url}") from None
-        data = memoryview(self.store.get(key)).cast("B")
-        write_all(fd, data)
-        return data.nbytes
-
-    def _download_ranges(self, key: str, fd: int, size: int) -> int:
-        """A large remote object as concurrent range requests (at most ``fetch_concurrency`` in
-        flight, on a pool shared by every fill of this cache), written in order."""
+    def _ranges_pool(self) -> ThreadPoolExecutor:
+        """The pool every ranged fill of this cache shares (created on first use)."""
         with self._mu:
             if self._range_pool is None:
                 self._range_pool = ThreadPoolExecutor(self.config.fetch_concurrency,
                                                       thread_name_prefix="trainstore-range")
-            pool = self._range_pool
-        part = self.config.part_bytes
-        starts = iter(range(0, size, part))
-        window: deque[Future] = deque()
-        written = 0
-        try:
-            while True:
-                while len(window) < self.config.fetch_concurrency:
-                    start = next(starts, None)
-                    if start is None:
-                        break
-                    window.append(pool.submit(self.store.get_range, key, start, min(part, size - start)))
-                if not window:
-                    return written
-                data = memoryview(window.popleft().result()).cast("B")
-                write_all(fd, data)
-                written += data.nbytes
-        finally:
-            for f in window:
-                f.cancel()
-
-    def _temp_in(self, path: str) -> tuple[int, str]:
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f"{TMP_PREFIX}{secrets.token_hex(8)}")
-        return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
-
-    def _touch(self, path: str) -> None:
-        with contextlib.suppress(OSError):
-            st = os.stat(path)
-            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+            return self._range_pool
 
     def _scan(self) -> Iterator[tuple[str, int, float]]:
         """(path, size, atime) of every cached file; removes stale temp files on the way."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import secrets
+import time
 
 import blake3
 
@@ -94,4 +96,19 @@ def stamp(fd: int) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-__all__ = ["PinnedFile", "TMP_PREFIX", "copy_file", "file_hash", "stamp"]
+def temp_file_beside(path: str) -> tuple[int, str]:
+    """A new exclusive temp file in ``path``'s directory (created if needed): (fd, its path)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{secrets.token_hex(8)}")
+    return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
+
+
+def touch(path: str) -> None:
+    """Stamp ``path``'s atime now (the LRU clock), keeping its mtime; a vanished file is fine."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+
+
+__all__ = ["PinnedFile", "TMP_PREFIX", "copy_file", "file_hash", "stamp", "temp_file_beside", "touch"]
