@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
-from trainstore.checkpoint.objectives import seconds  # noqa: E402
+from trainstore.durations import positive_duration  # noqa: E402
 
 
 @dataclass
@@ -173,7 +173,7 @@ def main() -> None:
           f"full blocked {costs.full_blocked:.3f}s ready {costs.full_ready:.3f}s written {costs.full_bytes / 2**20:.1f} MiB; "
           f"incremental blocked {costs.inc_blocked:.3f}s ready {costs.inc_ready:.3f}s written "
           f"{costs.inc_bytes / 2**20:.1f} MiB; restore {costs.restore:.3f}s")
-    wall, mtbf = a.days * 86400, seconds(a.mtbf, "mtbf")
+    wall, mtbf = a.days * 86400, positive_duration(a.mtbf, "mtbf")
     results: dict[str, list[dict]] = {}
     objective_stats = None
     for seed in range(a.seeds):

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .errors import ConfigError, NotFoundError, TrainstoreError
+from .errors import NotFoundError, TrainstoreError
 from .liveness import identity
 from .store.base import Store
 
@@ -37,23 +37,6 @@ log = logging.getLogger("trainstore.sweeps")
 #: allowance for clock differences between the machines that write and sweep
 CLOCK_SKEW_S = 60.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-
-
-def duration(value: float | int | str, what: str = "duration") -> float:
-    """Seconds from a number or a string like ``"90s"``, ``"12h"``, ``"7d"``."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what} must be seconds or a string like '1h', got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    else:
-        raise ConfigError(f"{what} must be seconds or a string like '90s', '12h', '7d', got {value!r}")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ConfigError(f"{what} must be a finite non-negative duration, got {value!r}")
-    return seconds
 
 
 def load_json(store: Store, key: str) -> dict | None:
@@ -313,5 +296,5 @@ def expire_markers(store: Store, prefix: str, now: float, ttl: float) -> int:
     return n
 
 
-__all__ = ["CLOCK_SKEW_S", "KeyRange", "Lease", "LeaseInfo", "SweepMarker", "covered", "duration",
+__all__ = ["CLOCK_SKEW_S", "KeyRange", "Lease", "LeaseInfo", "SweepMarker", "covered",
            "expire_markers", "live_leases", "load_json", "put_json", "running_sweeps", "wait_for_sweeps"]

@@ -37,34 +37,16 @@ must reach the same decision, so decide on one rank and broadcast it, or use fix
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..durations import positive_duration
 from ..errors import ConfigError
 
 ON_BUSY = ("wait", "skip")  # what a save does while another is in flight
-
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w|)\s*$")
-
-
-def seconds(value: float | int | str, what: str) -> float:
-    """Seconds from a number or ``"90s"``, ``"15min"``/``"15m"``, ``"24h"``, ``"7d"``, ``"2w"``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{what} must be seconds or a string like '15min', got {value!r}")
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if m is None:
-            raise ConfigError(f"{what} must be seconds or a string like '90s', '15min', '24h', '7d', got {value!r}")
-        value = float(m.group(1)) * _UNITS[m.group(2)]
-    if not (0 < float(value) < math.inf):
-        raise ConfigError(f"{what} must be a positive finite duration, got {value!r}")
-    return float(value)
-
 
 @dataclass(frozen=True)
 class Objectives:
@@ -90,12 +72,12 @@ class Objectives:
     keep_base_in_memory: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rpo", seconds(self.rpo, "rpo"))
-        object.__setattr__(self, "mtbf", seconds(self.mtbf, "mtbf"))
+        object.__setattr__(self, "rpo", positive_duration(self.rpo, "rpo"))
+        object.__setattr__(self, "mtbf", positive_duration(self.mtbf, "mtbf"))
         if self.rto is not None:
-            object.__setattr__(self, "rto", seconds(self.rto, "rto"))
+            object.__setattr__(self, "rto", positive_duration(self.rto, "rto"))
         if self.full_max_age is not None:
-            object.__setattr__(self, "full_max_age", seconds(self.full_max_age, "full_max_age"))
+            object.__setattr__(self, "full_max_age", positive_duration(self.full_max_age, "full_max_age"))
         for name, lo, hi in (("max_overhead", 0.0, 1.0), ("full_ratio", 0.0, 1.0), ("smoothing", 0.0, 1.0)):
             v = getattr(self, name)
             if v is None and name == "max_overhead":
@@ -320,4 +302,4 @@ class ObjectivePolicy:
                 "rpo_met_now": None if age is None else age <= float(self.objectives.rpo)}  # type: ignore[arg-type]
 
 
-__all__ = ["Objectives", "ObjectivePolicy", "Plan", "plan_interval", "daly_interval", "seconds"]
+__all__ = ["Objectives", "ObjectivePolicy", "Plan", "plan_interval", "daly_interval"]

@@ -30,9 +30,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..durations import parse_duration
 from ..errors import ConfigError, ManifestError, NotFoundError
 from ..store.base import ObjectMeta, Store
-from ..sweeps import SweepMarker, covered, duration, expire_markers, live_leases
+from ..sweeps import SweepMarker, covered, expire_markers, live_leases
 from .ingest.journal import PENDING_DIR, list_entry_keys, load_entries
 from .leases import GC_PREFIX
 from .transforms.shard_task import marker_output_key
@@ -55,7 +56,7 @@ class DataGcOptions:
 
     def __post_init__(self) -> None:
         for name in ("grace", "max_duration", "heartbeat", "marker_ttl"):
-            object.__setattr__(self, name, duration(getattr(self, name), name))
+            object.__setattr__(self, name, parse_duration(getattr(self, name), name))
         if not self.heartbeat > 0:  # type: ignore[operator]
             raise ConfigError(f"heartbeat must be a positive duration, got {self.heartbeat!r}")
         for name in ("workers", "batch"):

@@ -43,10 +43,10 @@ from ..checkpoint.lease import (
     sweep_markers,
 )
 from ..chunks import ChunkStore, replica_key
+from ..durations import parse_duration
 from ..errors import ConfigError, ManifestError, TrainstoreError
 from ..store.base import Store
 from ..sweeps import SweepMarker, load_json
-from .retention import parse_duration
 
 log = logging.getLogger("trainstore.lifecycle.gc")
 

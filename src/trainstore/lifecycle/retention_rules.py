@@ -17,42 +17,14 @@ Rules compose like orbax's preservation policies::
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..checkpoint import manifest as mf
+from ..durations import format_duration, parse_duration
 from ..errors import ConfigError
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-
-
-def parse_duration(value: float | int | str | None, what: str = "duration") -> float | None:
-    """Seconds from a number or a string like ``"90s"``, ``"12h"``, ``"7d"``, ``"2w"``."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{what} must be seconds or a string like '7d', got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    else:
-        raise ConfigError(f"{what} must be seconds or a string like '90s', '12h', '7d', '2w', got {value!r}")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ConfigError(f"{what} must be a finite non-negative duration, got {value!r}")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """``90061 -> "1.04d"``: the largest unit that is at least 1."""
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= n:
-            return f"{seconds / n:.3g}{unit}"
-    return f"{seconds:.3g}s"
 
 
 def _positive_int(value: object, what: str) -> int:

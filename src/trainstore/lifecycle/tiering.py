@@ -36,6 +36,7 @@ from typing import Any
 
 from ..checkpoint import manifest as mf
 from ..chunks import ChunkStore, RepairEvent
+from ..durations import parse_duration
 from ..errors import (
     AlreadyExistsError,
     BackgroundError,
@@ -48,7 +49,7 @@ from ..store import open_store
 from ..store.base import Store
 from ..store.tiered import TieredStore
 from .gc import LEASES, GcOptions, collect_garbage
-from .retention import delete_checkpoint, parse_duration
+from .retention import delete_checkpoint
 
 log = logging.getLogger("trainstore.lifecycle.tiering")
 TIER_NAME = "tier.json"

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checkpoint import manifest as mf
-from ..checkpoint.objectives import seconds
 from ..checkpoint.verify import record as record_verify, verify_manifest
 from ..chunks import ChunkStore, RepairEvent
+from ..durations import positive_duration
 from ..errors import ConfigError, IntegrityError, NotFoundError, TrainstoreError
 from ..store.base import Buffer, ObjectMeta, Store, StoreCapabilities
 
@@ -54,7 +54,7 @@ class VerifierOptions:
     deep: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "period", seconds(self.period, "period"))
+        object.__setattr__(self, "period", positive_duration(self.period, "period"))
         if isinstance(self.rate_bytes_s, bool) or not isinstance(self.rate_bytes_s, (int, float)) \
                 or not 0 < self.rate_bytes_s < float("inf"):
             raise ConfigError(f"rate_bytes_s must be a positive number of bytes per second, got {self.rate_bytes_s!r}")
