@@ -1,0 +1,221 @@
+"""Host memory for large buffers: huge pages, 4 KiB alignment, optional pinning and pre-touch.
+
+First touch of fresh memory, not the copy, dominates a fresh process's first checkpoint save
+and restore: every 4 KiB page faults and is zeroed by the kernel (0.4-7 GB/s on busy VMs
+against ~12 GB/s for a copy into touched memory). A ``HostBuffer`` is an anonymous ``mmap``
+whose 2 MiB-aligned interior is ``madvise(MADV_HUGEPAGE)``-d, so one fault maps 2 MiB
+(transparent huge pages in ``madvise`` mode; with THP off or unsupported it is plain pages,
+nothing else changes). It starts 4 KiB-aligned, so slots at 4 KiB offsets are ready for
+``O_DIRECT``; it is pinned for CUDA when CUDA is present (``cudaHostRegister`` keeps the
+huge pages; ``torch.empty(pin_memory=True)`` would not), and it can be pre-touched in a
+background thread (``MADV_POPULATE_WRITE`` through ``ctypes``, which releases the GIL and
+leaves the contents alone).
+
+Only the sizes past one huge page get huge pages: the tail after the last whole 2 MiB stays in
+4 KiB pages, so a buffer never holds more than it was asked for plus one 4 KiB page.
+
+Views: ``array()`` (numpy) and ``tensor()`` (torch, through ``torch.frombuffer``) keep the
+mapping alive on their own; a pinned buffer is unpinned when the ``HostBuffer`` is collected or
+closed (the mapping then stays valid, just unpinned, for views still alive).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - torch is an optional extra
+    torch = None  # type: ignore[assignment]
+
+log = logging.getLogger("trainstore.hostmem")
+
+PAGE = 4096
+HUGE_PAGE = 2 << 20
+#: Linux madvise advice values (Python 3.11's mmap module lacks POPULATE_WRITE).
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+MADV_POPULATE_WRITE = 23
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)  # CDLL: calls release the GIL
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_libc.madvise.restype = ctypes.c_int
+
+
+def thp_mode() -> str:
+    """The kernel's transparent huge page mode: "always", "madvise", "never" or "unsupported"."""
+    try:
+        with open(THP_ENABLED) as f:
+            text = f.read()
+    except OSError:
+        return "unsupported"
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else "unsupported"
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _cuda_available() -> bool:
+    return torch is not None and torch.cuda.is_available()
+
+
+def _cuda_unregister(address: int) -> None:
+    err = torch.cuda.cudart().cudaHostUnregister(address)
+    if int(err) != 0:  # pragma: no cover - needs CUDA
+        log.warning("cudaHostUnregister(%#x) failed: %s", address, err)
+
+
+class HostBuffer:
+    """``nbytes`` of fresh anonymous host memory, 4 KiB-aligned (see module docstring).
+
+    ``huge_pages``: ask for transparent huge pages (``self.huge_pages`` says whether the kernel
+    took the advice). ``pin``: register with CUDA for fast device copies (None: when CUDA is
+    available; asking for it without CUDA is a ``ConfigError``). ``touch`` / ``touch_async``
+    fault every page in ahead of use; call ``wait_touched`` before writing into a buffer whose
+    background touch may still run (the fallback touch of old kernels writes zeros).
+    """
+
+    def __init__(self, nbytes: int, *, huge_pages: bool = True, pin: bool | None = None) -> None:
+        if int(nbytes) < 0:
+            raise ConfigError(f"HostBuffer size must be >= 0 bytes, got {nbytes}")
+        self.nbytes = int(nbytes)
+        if pin and not _cuda_available():
+            raise ConfigError("HostBuffer(pin=True) needs CUDA (torch with a visible GPU); pass pin=None or False")
+        size = round_up(max(self.nbytes, 1), PAGE)
+        want_huge = huge_pages and self.nbytes >= HUGE_PAGE
+        slack = HUGE_PAGE if want_huge else 0  # room to start the data at a 2 MiB boundary
+        self._map = mmap.mmap(-1, size + slack, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self.offset = (round_up(base, HUGE_PAGE) - base) if want_huge else 0
+        self.address = base + self.offset
+        self.huge_pages = False
+        if want_huge:
+            huge_len = self.nbytes // HUGE_PAGE * HUGE_PAGE
+            try:
+                self._map.madvise(MADV_HUGEPAGE, self.offset, huge_len)
+                self.huge_pages = thp_mode() in ("always", "madvise")
+            except OSError as exc:  # kernel without THP: plain pages
+                log.debug("madvise(MADV_HUGEPAGE) refused (%s): plain 4 KiB pages", exc)
+        self.pinned = False
+        if pin or (pin is None and _cuda_available()):
+            self._pin()
+        self._touched = threading.Event()
+        self._touch_error: BaseException | None = None
+        self._toucher: threading.Thread | None = None
+
+    def _pin(self) -> None:
+        err = torch.cuda.cudart().cudaHostRegister(self.address, max(self.nbytes, 1), 0)
+        if int(err) != 0:
+            log.warning("cudaHostRegister of %d bytes failed (%s): staging stays unpinned", self.nbytes, err)
+            return
+        self.pinned = True
+        self._unpin = weakref.finalize(self, _cuda_unregister, self.address)
+
+    # -- views -------------------------------------------------------------------------------
+    def array(self, dtype: Any = np.uint8, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """A numpy view of the buffer (uint8 over every byte by default)."""
+        dt = np.dtype(dtype)
+        count = self.nbytes // dt.itemsize if shape is None else int(np.prod(shape, dtype=np.int64))
+        if count * dt.itemsize > self.nbytes:
+            raise ConfigError(f"a {dt} array of shape {shape} needs {count * dt.itemsize} bytes; "
+                              f"the buffer has {self.nbytes}")
+        arr = np.frombuffer(self._map, dtype=dt, count=count, offset=self.offset)
+        return arr if shape is None else arr.reshape(shape)
+
+    def tensor(self, dtype: Any = None, shape: tuple[int, ...] | None = None) -> Any:
+        """A torch view of the buffer (uint8 over every byte by default; any torch dtype,
+        bfloat16 included). The tensor keeps the mapping alive."""
+        if torch is None:  # pragma: no cover
+            raise ConfigError("HostBuffer.tensor() needs torch")
+        dt = torch.uint8 if dtype is None else dtype
+        itemsize = torch.empty((), dtype=dt).element_size()
+        count = self.nbytes // itemsize if shape is None else int(np.prod(shape, dtype=np.int64))
+        if count * itemsize > self.nbytes:
+            raise ConfigError(f"a {dt} tensor of shape {shape} needs {count * itemsize} bytes; "
+                              f"the buffer has {self.nbytes}")
+        if count == 0:
+            return torch.empty(shape if shape is not None else (0,), dtype=dt)
+        t = torch.frombuffer(self._map, dtype=dt, count=count, offset=self.offset)
+        return t if shape is None else t.view(shape)
+
+    # -- pre-touch ---------------------------------------------------------------------------
+    def touch(self) -> None:
+        """Fault every page in now (on this thread); the contents stay as they are (zeros if
+        nothing was written) except on kernels without ``MADV_POPULATE_WRITE``."""
+        try:
+            if self.nbytes and not self._populate():
+                self.array()[::PAGE] = 0  # old kernels: one write per page (GIL released by numpy)
+        except BaseException as exc:
+            self._touch_error = exc
+            raise
+        finally:
+            self._touched.set()
+
+    def _populate(self) -> bool:
+        if _libc.madvise(ctypes.c_void_p(self.address), round_up(self.nbytes, PAGE), MADV_POPULATE_WRITE) == 0:
+            return True
+        log.debug("MADV_POPULATE_WRITE refused (errno %d): touching page by page", ctypes.get_errno())
+        return False
+
+    def touch_async(self) -> None:
+        """Start ``touch`` on a daemon thread (``wait_touched`` joins it)."""
+        if self._toucher is not None:
+            return
+        self._toucher = threading.Thread(target=self._touch_quietly, name="trainstore-hostmem-touch", daemon=True)
+        self._toucher.start()
+
+    def _touch_quietly(self) -> None:
+        try:
+            self.touch()
+        except BaseException:  # noqa: BLE001 - kept in _touch_error, raised by wait_touched
+            pass
+
+    def wait_touched(self) -> None:
+        """Wait for a background touch started by ``touch_async`` (no-op without one); raise
+        its error if it failed."""
+        if self._toucher is not None:
+            self._touched.wait()
+        if self._touch_error is not None:
+            raise self._touch_error
+
+    @property
+    def touched(self) -> bool:
+        return self._touched.is_set()
+
+    def close(self) -> None:
+        """Unpin now; the memory goes when the last view goes."""
+        self.wait_touched()
+        if self.pinned:
+            self._unpin()
+            self.pinned = False
+
+
+def empty_tensor(shape: tuple[int, ...], dtype: Any, *, huge_pages: bool = True, pin: bool | None = None) -> Any:
+    """A fresh torch tensor of ``shape``/``dtype`` on its own ``HostBuffer`` (restore targets)."""
+    if torch is None:  # pragma: no cover
+        raise ConfigError("empty_tensor needs torch")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = int(np.prod(shape, dtype=np.int64))
+    return HostBuffer(count * itemsize, huge_pages=huge_pages, pin=pin).tensor(dtype, tuple(shape))
+
+
+def empty_array(shape: tuple[int, ...], dtype: Any, *, huge_pages: bool = True) -> np.ndarray:
+    """A fresh numpy array of ``shape``/``dtype`` on its own (unpinned) ``HostBuffer``."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    return HostBuffer(count * dt.itemsize, huge_pages=huge_pages, pin=False).array(dt, tuple(shape))
+
+
+__all__ = ["HUGE_PAGE", "PAGE", "HostBuffer", "empty_array", "empty_tensor", "round_up", "thp_mode"]
