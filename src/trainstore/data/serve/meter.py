@@ -11,8 +11,9 @@ the first epoch plan has been fetched once), *warm* after; wait and compute are 
 phase, so a cold start from an object store and the steady state read apart.
 
 Re-fetching: ``end_epoch(fetched, needed)`` records how many bytes an epoch pulled from the
-durable store beyond one copy of the shards it needs; with a non-``block`` shuffle over a
-cache smaller than the data that is logged and raised as a ``RefetchWarning``.
+durable store beyond one copy of the shards it needs (kept per epoch); with a non-``block``
+shuffle over a cache smaller than the data that is logged and raised as a ``RefetchWarning``,
+once per meter: every later epoch re-fetches about as much, and ``stats()`` keeps the figures.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class IOWaitMeter:
         self._phase = {"cold": [0, 0.0, 0.0], "warm": [0, 0.0, 0.0]}  # batches, wait, compute
         self.refetched_bytes = 0
         self.refetched_last_epoch = 0
+        self.refetched_by_epoch: list[int] = []
+        self._refetch_warned = False
 
     def _m(self, metric):
         return metric.labels(**self._labels) if self._labels else metric
@@ -125,16 +128,21 @@ class IOWaitMeter:
                 self.warm_at = time.perf_counter()
 
     def end_epoch(self, fetched: int, needed: int, shuffle_mode: str, cache_limit: int) -> int:
-        """Record an epoch's store reads; returns the re-fetched bytes (warns, see module)."""
+        """Record an epoch's store reads; returns the re-fetched bytes (warns once, see module)."""
         refetched = max(0, fetched - needed)
         with self._mu:
             self.refetched_last_epoch = refetched
             self.refetched_bytes += refetched
-        if shuffle_mode != "block" and needed and refetched > REFETCH_WARN_SHARE * needed:
+            self.refetched_by_epoch.append(refetched)
+            warn = (not self._refetch_warned and shuffle_mode != "block" and needed > 0
+                    and refetched > REFETCH_WARN_SHARE * needed)
+            self._refetch_warned |= warn
+        if warn:
             msg = (f"shuffle_mode={shuffle_mode!r} re-fetched {refetched:,} bytes from the durable "
                    f"store this epoch ({fetched / needed:.2f}x the {needed:,} bytes of shards it "
                    f"reads) because the node-cache limit ({cache_limit:,} bytes) is smaller than "
-                   "those shards; shuffle_mode='block' reads each shard once per epoch")
+                   "those shards; shuffle_mode='block' reads each shard once per epoch (warned "
+                   "once; every epoch's figure: loader.stats()['refetched_bytes_by_epoch'])")
             log.warning(msg)
             warnings.warn(msg, RefetchWarning, stacklevel=3)
         return refetched
@@ -179,6 +187,7 @@ class IOWaitMeter:
                 **self._phase_figures(),
                 "refetched_bytes": self.refetched_bytes,
                 "refetched_bytes_last_epoch": self.refetched_last_epoch,
+                "refetched_bytes_by_epoch": list(self.refetched_by_epoch),
             }
 
     def _phase_figures(self) -> dict:
