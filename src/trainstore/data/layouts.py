@@ -6,8 +6,9 @@ strings, like mosaic-streaming's reader registry or litdata's ``register_downloa
 Built in:
 
 * ``"parquet"``: compressed, columnar (raw and cleaned data; what ``clean`` and
-  ``transform`` read). Served directly: whole shards decoded from the node cache, or single
-  row groups fetched by byte ranges (``serve.parquet``).
+  ``transform`` read). Written in row groups of about ``ROW_GROUP_BYTES`` with page CRCs;
+  served directly, one row group at a time, from the node-cache file or fetched by byte
+  ranges (``serve.parquet``).
 * ``"arrow-ipc"``: uncompressed Arrow IPC *files* (features): memory-mapped, zero-copy
   record batches, what ``Dataset`` / ``Loader`` serve fastest.
 * ``"arrow-stream"``: Arrow IPC *streams* (the ``data-*.arrow`` files of a Hugging Face
@@ -96,9 +97,21 @@ class ShardLayout(ABC):
 
 
 # -- parquet ------------------------------------------------------------------------------------
+#: target Arrow bytes per Parquet row group written by ``ParquetLayout.encode``
+ROW_GROUP_BYTES = 4 << 20
+
+
+def rows_per_group(table: pa.Table, target_bytes: int = ROW_GROUP_BYTES) -> int:
+    """Rows per row group so that each holds about ``target_bytes`` of ``table``'s data."""
+    if table.num_rows == 0 or table.nbytes <= target_bytes:
+        return max(table.num_rows, 1)
+    return max(1, table.num_rows * target_bytes // table.nbytes)
+
+
 class _ParquetFile(ShardFile):
     def __init__(self, source: ShardSource) -> None:
-        self._file = pq.ParquetFile(_input(source, memory_map=False), memory_map=isinstance(source, str))
+        self._file = pq.ParquetFile(_input(source, memory_map=False), memory_map=isinstance(source, str),
+                                    page_checksum_verification=True)
         self._meta = self._file.metadata
 
     @property
@@ -151,9 +164,15 @@ class ParquetLayout(ShardLayout):
     name, title, suffix, servable = "parquet", "Parquet", ".parquet", True
 
     def encode(self, table: pa.Table, *, compression: str = "zstd", compression_level: int | None = None,
-               **_: Any) -> pa.Buffer:
+               row_group_size: int | None = None, **_: Any) -> pa.Buffer:
+        """Row groups of ``row_group_size`` rows (default: about ``ROW_GROUP_BYTES`` of
+        Arrow data each, the unit a row-group reader decodes), with page CRCs (what a reader
+        of byte ranges, which cannot check the whole file's hash, verifies)."""
+        if row_group_size is None:
+            row_group_size = rows_per_group(table)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression=compression, compression_level=compression_level)
+        pq.write_table(table, sink, compression=compression, compression_level=compression_level,
+                       row_group_size=row_group_size, write_page_checksum=True)
         return sink.getvalue()
 
     def open(self, source: ShardSource) -> ShardFile:
@@ -258,5 +277,5 @@ PARQUET = register_layout(ParquetLayout())
 ARROW_IPC = register_layout(ArrowIpcLayout())
 ARROW_STREAM = register_layout(ArrowStreamLayout())
 
-__all__ = ["ARROW_IPC", "ARROW_STREAM", "PARQUET", "ShardFile", "ShardLayout", "ShardSource", "get_layout", "layout_names",
-           "register_layout"]
+__all__ = ["ARROW_IPC", "ARROW_STREAM", "PARQUET", "ROW_GROUP_BYTES", "ShardFile", "ShardLayout", "ShardSource", "get_layout", "layout_names",
+           "register_layout", "rows_per_group"]

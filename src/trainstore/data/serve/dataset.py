@@ -7,9 +7,10 @@ pinned in the ``NodeCache`` while open and read by its layout (``serve.open_shar
 arrays are zero-copy numpy views of the mapped file. ``ds[i]`` returns a dict of per-row views; ``ds.take(indices)`` gathers rows from many
 shards into fresh batched arrays (one copy, no per-row Python work).
 
-Parquet versions are served as well: whole shards decoded from the node cache (the
-``Loader``), or, for ``ds[i]`` and ``take(..., ranges=True)`` on a shard not cached, only the
-row groups the rows need, fetched by byte ranges (``serve.parquet``). ``Dataset.open(url)``
+Parquet versions are served as well, one row group at a time (``serve.parquet``): decoded
+from the node-cache file (the ``Loader``, ``take``), or, for ``ds[i]`` and
+``take(..., ranges=True)`` on a shard not cached, fetched by byte ranges; decoded row groups
+are kept in a per-process LRU (``row_group_stats()``). ``Dataset.open(url)``
 serves a Parquet directory or a Hugging Face ``datasets`` folder as it is (``serve.external``).
 """
 
@@ -20,7 +21,7 @@ import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,10 @@ from ..layouts import PARQUET, get_layout, layout_names
 from ..versions import DatasetVersion, ShardInfo, load_version, parse_ref
 from .external import describe_external
 from .open_shard import OpenShard, column_spec
-from .parquet import ParquetRanges
+from .parquet import CachedParquetShard, ParquetRows
+
+#: an open shard: a mapped Arrow file, or a Parquet file decoded by row group
+ServedShard = OpenShard | CachedParquetShard
 
 # -- reading ---------------------------------------------------------------------------------
 #: the default hot-tier limit takes at most this fraction of the cache directory's free space
@@ -180,7 +184,7 @@ class Dataset:
         #: called on cache pressure after idle shards are closed (a loader's fill-ahead pins)
         self._pressure_hooks: list[Callable[[], None]] = []
         self._lock = threading.Condition()
-        self._open: OrderedDict[int, OpenShard] = OrderedDict()
+        self._open: OrderedDict[int, ServedShard] = OrderedDict()
         self._opening: set[int] = set()
         budget = self.config.max_open_bytes or self.cache_limit // 2
         try:
@@ -192,7 +196,8 @@ class Dataset:
         except ImportError:
             pass
         self._open_budget = max(budget, self.max_shard_bytes)
-        self._ranges = (ParquetRanges(self.store, self.shards, self._specs, self._open_budget, self._footers)
+        self._ranges = (ParquetRows(self.store, self.shards, self._specs, self._open_budget, self._footers,
+                                    window_floor=self.config.max_open_bytes is None)
                         if self.layout is PARQUET else None)
 
     def __getstate__(self) -> dict:
@@ -215,7 +220,7 @@ class Dataset:
     def shard_of(self, index: int) -> int:
         return int(np.searchsorted(self.offsets, index, side="right") - 1)
 
-    def acquire(self, shard: int) -> OpenShard:
+    def acquire(self, shard: int) -> ServedShard:
         """Open (pin + map) ``shard`` and mark it in use; pair with ``release``."""
         self._check_pid()
         with self._lock:
@@ -234,7 +239,9 @@ class Dataset:
             info = self.shards[shard]
             handle = self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes)
             try:
-                op = OpenShard(handle, handle.path, info, self.layout, self._specs)
+                op: ServedShard = (
+                    self._ranges.open_cached(shard, handle, handle.path) if self._ranges is not None
+                    else OpenShard(handle, handle.path, info, self.layout, self._specs))
             except BaseException:
                 handle.close()
                 raise
@@ -247,7 +254,7 @@ class Dataset:
                 self._opening.discard(shard)
                 self._lock.notify_all()
 
-    def release(self, op: OpenShard) -> None:
+    def release(self, op: ServedShard) -> None:
         with self._lock:
             op.users -= 1
 
@@ -319,6 +326,18 @@ class Dataset:
                 return False
         return not self._cache.contains(self.shards[shard].key)
 
+    def row_group_stats(self) -> dict[str, int]:
+        """This process's Parquet row-group decoding: groups ``decoded`` (and their
+        ``decoded_bytes``), cache ``hits``, ``evicted``, ``held_bytes`` / ``budget_bytes``, and
+        ``fetched_bytes`` read by byte ranges (all 0 for other layouts)."""
+        self._check_pid()
+        if self._ranges is None:
+            return dict.fromkeys(("decoded", "decoded_bytes", "hits", "evicted", "held_bytes", "budget_bytes",
+                                  "fetched_bytes"), 0)
+        groups = self._ranges.groups
+        return {**asdict(groups.stats), "held_bytes": groups.held_bytes, "budget_bytes": groups.budget_bytes,
+                "fetched_bytes": self._ranges.fetched_bytes}
+
     @property
     def cache(self) -> NodeCache:
         self._check_pid()
@@ -345,7 +364,7 @@ class Dataset:
         s = self.shard_of(i)
         if self._ranged(s):
             assert self._ranges is not None
-            return self._ranges.row(s, i - int(self.offsets[s]))
+            return self._ranges.row_ranged(s, i - int(self.offsets[s]))
         op = self.acquire(s)
         try:
             return op.row(i - int(self.offsets[s]))
@@ -372,7 +391,7 @@ class Dataset:
             local = idx[group] - self.offsets[s]
             if ranges and self._ranged(s):
                 assert self._ranges is not None
-                self._ranges.gather(s, local, out, group)
+                self._ranges.gather_ranged(s, local, out, group)
                 continue
             op = self.acquire(s)
             try:

@@ -1,22 +1,28 @@
-"""Random row access to Parquet shards by byte ranges: the footer once, then only the column
-chunks of the row groups (and columns) the requested rows need.
+"""Rows of Parquet shards, decoded one row group at a time.
 
-``RangeFile`` is a read-only, seekable file over one store object assembled from ranges
-fetched with ``Store.get_ranges`` (coalesced and concurrent on object stores); pyarrow's
-``ParquetFile`` reads the footer and the column chunks through it. ``ParquetRanges`` keeps one
-open ``ParquetFile`` per shard (footer parsed once) and an LRU of decoded row groups bounded
-in bytes, and gathers rows into batched arrays like ``OpenShard.gather``. ``parquet_footer``
-reads just a file's footer (``Dataset.open`` of a Parquet directory). Whole shards read by the
-``Loader`` go through the node cache instead (``OpenShard``).
+``ParquetRows`` (one per ``Dataset`` and process) serves the rows of a ``parquet`` version
+from two sources, both decoding only the row groups the requested rows fall in:
+
+* **the cached file** (``open_cached``; what the ``Loader`` and ``take`` use): the whole shard
+  sits in the node cache, filled once and BLAKE3-verified against the manifest's checksum;
+  its footer is parsed once per process and each row group is decoded from the local file
+  on first use (``CachedParquetShard``, shaped like ``OpenShard``).
+* **byte ranges** (``row_ranged`` / ``gather_ranged``; ``ds[i]`` and ``take(ranges=True)``
+  on a shard not cached): the footer once (one request for the file's tail), then per row
+  group the column chunks of the served columns in one ``Store.get_ranges`` call
+  (``RangeFile``). No whole-file hash can be checked on a part of a file; Parquet page CRCs
+  are (``page_checksum_verification``), where the writer wrote them (trainstore's does).
+
+Decoded groups are shared by both sources in one ``DecodedGroups`` LRU bounded in bytes, so
+sequential or block-shuffled reading decodes each row group once. A row group that does not
+decode (a damaged page, a CRC mismatch) raises ``IntegrityError`` naming the file and the
+row group. ``parquet_footer`` reads just a footer (``Dataset.open`` of a Parquet directory).
 """
 
 from __future__ import annotations
 
-import bisect
-import io
 import threading
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,85 +33,14 @@ from ...errors import IntegrityError, TrainstoreError
 from ...store import Store
 from ..versions import ShardInfo
 from .open_shard import ColumnSpec, column_view, copy_rows
+from .rangefile import RangeFile
+from .rowgroups import DecodedGroups, DecodeStats, GroupViews
 
 #: bytes fetched from the end of a file for its footer (one request for most files)
 FOOTER_PROBE = 64 << 10
-
-
-class RangeFile(io.RawIOBase):
-    """Read-only view of store object ``key`` (``size`` bytes) built from fetched ranges.
-
-    ``load(ranges)`` fetches the missing ones in one ``get_ranges`` call; a read outside the
-    loaded ranges fetches just what it asks for. ``fetched`` counts bytes read from the store.
-    """
-
-    def __init__(self, store: Store, key: str, size: int) -> None:
-        super().__init__()
-        self.store, self.key, self.size = store, key, size
-        self.fetched = 0
-        self._starts: list[int] = []
-        self._parts: list[memoryview] = []
-        self._pos = 0
-
-    def _covering(self, start: int, length: int) -> memoryview | None:
-        i = bisect.bisect_right(self._starts, start) - 1
-        if i >= 0 and self._starts[i] + len(self._parts[i]) >= start + length:
-            offset = start - self._starts[i]
-            return self._parts[i][offset:offset + length]
-        return None
-
-    def _add(self, start: int, data: Any) -> None:
-        i = bisect.bisect_right(self._starts, start)  # after a shorter part at the same offset
-        self._starts.insert(i, start)
-        self._parts.insert(i, memoryview(data).cast("B"))
-
-    def load(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Fetch the ``(offset, length)`` ranges not held yet."""
-        missing: list[tuple[int, int]] = []
-        for s, n in sorted(r for r in ranges if r[1] > 0 and self._covering(*r) is None):
-            if missing and s <= missing[-1][0] + missing[-1][1]:  # adjacent: one part, as pyarrow reads it
-                start, length = missing[-1]
-                missing[-1] = (start, max(length, s + n - start))
-            else:
-                missing.append((s, n))
-        if missing:
-            for (start, n), data in zip(missing, self.store.get_ranges(self.key, missing)):
-                self.fetched += n
-                self._add(start, data)
-
-    def drop(self) -> None:
-        """Forget the loaded ranges except the file's tail (the footer)."""
-        keep = [(s, p) for s, p in zip(self._starts, self._parts) if s + len(p) >= self.size]
-        self._starts = [s for s, _ in keep]
-        self._parts = [p for _, p in keep]
-
-    # -- io.RawIOBase ------------------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        n = max(0, min(len(buffer), self.size - self._pos))
-        if n == 0:
-            return 0
-        view = self._covering(self._pos, n)
-        if view is None:
-            self.load([(self._pos, n)])
-            view = self._covering(self._pos, n)
-            assert view is not None
-        memoryview(buffer).cast("B")[:n] = view
-        self._pos += n
-        return n
+#: the decoded-group budget holds at least this many shards' decoded rows (a block-shuffle
+#: window at the loader's default ``block_shards``), unless ``max_open_bytes`` is set
+WINDOW_SHARDS = 4
 
 
 def _open_parquet(store: Store, key: str, size: int,
@@ -117,7 +52,7 @@ def _open_parquet(store: Store, key: str, size: int,
         if footer is None:
             tail = min(size, FOOTER_PROBE)
             raw.load([(size - tail, tail)])
-        return raw, pq.ParquetFile(pa.PythonFile(raw, mode="r"), metadata=footer)
+        return raw, pq.ParquetFile(pa.PythonFile(raw, mode="r"), metadata=footer, page_checksum_verification=True)
     except TrainstoreError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -146,88 +81,182 @@ def column_chunk_ranges(meta: pq.FileMetaData, group: int, columns: Sequence[str
     return out
 
 
-class _Shard:
+def group_starts(meta: pq.FileMetaData) -> np.ndarray:
+    """First row of each row group."""
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    return np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+
+
+def decoded_size(meta: pq.FileMetaData) -> int:
+    """Uncompressed bytes of a file's row groups (what decoding it all would take)."""
+    return sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+
+
+class _RangedShard:
+    """A shard read by byte ranges: its ``RangeFile`` and one lock (a file has one position)."""
+
     def __init__(self, store: Store, info: ShardInfo, footer: pq.FileMetaData | None) -> None:
         self.raw, self.file = _open_parquet(store, info.key, info.bytes, footer)
-        meta = self.file.metadata
-        if meta.num_rows != info.rows:
-            raise IntegrityError(f"{store.url}/{info.key}: has {meta.num_rows} rows, manifest says {info.rows}")
-        sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-        #: first row of each row group
-        self.starts = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+        self.lock = threading.Lock()
 
 
-class ParquetRanges:
-    """Rows of a version's Parquet shards read by byte ranges (see the module docstring).
+class ParquetRows:
+    """Row-group reads of a version's Parquet shards (see the module docstring).
 
-    ``budget_bytes`` bounds the decoded row groups kept for reuse; ``fetched_bytes`` counts
-    the bytes read from the store (footers included). ``footers``: those read already, by key.
+    ``budget_bytes`` bounds the decoded row groups kept; with ``window_floor`` it grows to
+    ``WINDOW_SHARDS`` times the largest shard's decoded size seen. ``footers``: those read
+    already, by key (shared with ``Dataset.open``). ``fetched_bytes``: bytes read by ranges.
     """
 
     def __init__(self, store: Store, shards: Sequence[ShardInfo], specs: dict[str, ColumnSpec],
-                 budget_bytes: int, footers: dict[str, pq.FileMetaData] | None = None) -> None:
+                 budget_bytes: int, footers: dict[str, pq.FileMetaData] | None = None, *,
+                 window_floor: bool = True) -> None:
         self.store, self.shards, self.specs = store, shards, specs
         self.footers = footers if footers is not None else {}
-        self.budget_bytes = budget_bytes
-        self._files: dict[int, _Shard] = {}
-        self._groups: OrderedDict[tuple[int, int], tuple[dict[str, np.ndarray], int]] = OrderedDict()
-        self._held = 0
-        self._lock = threading.RLock()
+        self.groups = DecodedGroups(budget_bytes)
+        self.window_floor = window_floor
+        self._starts: dict[int, np.ndarray] = {}
+        self._ranged: dict[int, _RangedShard] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> DecodeStats:
+        return self.groups.stats
 
     @property
     def fetched_bytes(self) -> int:
-        return sum(f.raw.fetched for f in self._files.values())
+        return sum(f.raw.fetched for f in list(self._ranged.values()))
 
-    def _file(self, shard: int) -> _Shard:
-        f = self._files.get(shard)
-        if f is None:
-            info = self.shards[shard]
-            f = self._files[shard] = _Shard(self.store, info, self.footers.get(info.key))
-        return f
+    def where(self, shard: int) -> str:
+        return f"{self.store.url}/{self.shards[shard].key}"
 
-    def _group(self, shard: int, group: int) -> dict[str, np.ndarray]:
-        hit = self._groups.get((shard, group))
-        if hit is not None:
-            self._groups.move_to_end((shard, group))
-            return hit[0]
-        f = self._file(shard)
-        names = list(self.specs)
-        key = self.shards[shard].key
-        f.raw.load(column_chunk_ranges(f.file.metadata, group, names))
-        try:
-            table = f.file.read_row_group(group, columns=names)
-        except (pa.ArrowException, OSError) as exc:
-            raise IntegrityError(f"{self.store.url}/{key}: row group {group} does not decode ({exc})") from None
-        finally:
-            f.raw.drop()
-        views = {n: column_view(table.column(n).combine_chunks(), spec, n, key) for n, spec in self.specs.items()}
-        size = table.nbytes
-        self._groups[(shard, group)] = (views, size)
-        self._held += size
-        while self._held > self.budget_bytes and len(self._groups) > 1:
-            _, (_, old) = self._groups.popitem(last=False)
-            self._held -= old
-        return views
-
-    def row(self, shard: int, local: int) -> dict[str, np.ndarray]:
+    def _know(self, shard: int, meta: pq.FileMetaData) -> pq.FileMetaData:
+        """Check ``meta`` against the manifest, keep it and the shard's row-group starts."""
+        info = self.shards[shard]
+        if meta.num_rows != info.rows:
+            raise IntegrityError(f"{self.where(shard)}: has {meta.num_rows} rows, manifest says {info.rows}")
         with self._lock:
-            starts = self._file(shard).starts
-            g = int(np.searchsorted(starts, local, side="right") - 1)
-            views = self._group(shard, g)
+            self.footers[info.key] = meta
+            self._starts[shard] = group_starts(meta)
+        if self.window_floor:
+            self.groups.raise_budget(WINDOW_SHARDS * decoded_size(meta))
+        return meta
+
+    def _views(self, shard: int, group: int, table: pa.Table) -> tuple[GroupViews, int]:
+        key = self.shards[shard].key
+        views = {n: column_view(table.column(n).combine_chunks(), spec, n, key) for n, spec in self.specs.items()}
+        return views, table.nbytes
+
+    def decode_group(self, shard: int, group: int, file: pq.ParquetFile) -> tuple[GroupViews, int]:
+        try:
+            table = file.read_row_group(group, columns=list(self.specs))
+        except (pa.ArrowException, OSError) as exc:  # a damaged page, a page CRC mismatch
+            raise IntegrityError(f"{self.where(shard)}: row group {group} does not decode ({exc})") from None
+        return self._views(shard, group, table)
+
+    # -- rows by row group, from either source ---------------------------------------------------
+    def row_from(self, shard: int, local: int, group_of: Callable[[int], GroupViews]) -> dict[str, np.ndarray]:
+        starts = self._starts[shard]
+        g = int(np.searchsorted(starts, local, side="right") - 1)
+        views = group_of(g)
         i = local - int(starts[g])
         return {n: v[i] for n, v in views.items()}
 
-    def gather(self, shard: int, local: np.ndarray, out: dict[str, np.ndarray], positions: np.ndarray) -> None:
-        """``out[name][positions] = rows local`` of ``shard``, one row group at a time."""
+    def gather_from(self, shard: int, local: np.ndarray, out: dict[str, np.ndarray], positions: np.ndarray,
+                    group_of: Callable[[int], GroupViews]) -> None:
+        starts = self._starts[shard]
+        gid = np.searchsorted(starts, local, side="right") - 1
+        for g in np.unique(gid):
+            sel = gid == g
+            views = group_of(int(g))
+            rows = local[sel] - starts[g]
+            for name, view in views.items():
+                copy_rows(out[name], positions[sel], view, rows)
+
+    # -- the cached file -------------------------------------------------------------------------
+    def open_cached(self, shard: int, handle: Any, path: str) -> CachedParquetShard:
+        """Serve ``shard`` from its node-cache file ``path`` (pinned by ``handle``, closed
+        with the returned shard); the footer is parsed on the first open in this process."""
+        info = self.shards[shard]
+        meta = self.footers.get(info.key)
+        if meta is None or shard not in self._starts:
+            try:
+                meta = meta or pq.read_metadata(path)
+            except (pa.ArrowException, OSError) as exc:
+                raise IntegrityError(f"{self.where(shard)}: not a readable Parquet file ({exc})") from None
+            self._know(shard, meta)
+        return CachedParquetShard(self, shard, handle, path, meta)
+
+    # -- byte ranges -----------------------------------------------------------------------------
+    def _ranged_shard(self, shard: int) -> _RangedShard:
         with self._lock:
-            starts = self._file(shard).starts
-            gid = np.searchsorted(starts, local, side="right") - 1
-            for g in np.unique(gid):
-                sel = gid == g
-                views = self._group(shard, int(g))
-                rows = local[sel] - starts[g]
-                for name, view in views.items():
-                    copy_rows(out[name], positions[sel], view, rows)
+            f = self._ranged.get(shard)
+        if f is None:
+            info = self.shards[shard]
+            f = _RangedShard(self.store, info, self.footers.get(info.key))
+            self._know(shard, f.file.metadata)
+            with self._lock:
+                f = self._ranged.setdefault(shard, f)
+        return f
+
+    def _ranged_group(self, shard: int, f: _RangedShard) -> Callable[[int], GroupViews]:
+        def decode(group: int) -> tuple[GroupViews, int]:
+            with f.lock:
+                f.raw.load(column_chunk_ranges(f.file.metadata, group, list(self.specs)))
+                try:
+                    return self.decode_group(shard, group, f.file)
+                finally:
+                    f.raw.drop()
+
+        return lambda g: self.groups.get((shard, g), lambda: decode(g))
+
+    def row_ranged(self, shard: int, local: int) -> dict[str, np.ndarray]:
+        f = self._ranged_shard(shard)
+        return self.row_from(shard, local, self._ranged_group(shard, f))
+
+    def gather_ranged(self, shard: int, local: np.ndarray, out: dict[str, np.ndarray],
+                      positions: np.ndarray) -> None:
+        """``out[name][positions] = rows local`` of ``shard``, read by byte ranges."""
+        f = self._ranged_shard(shard)
+        self.gather_from(shard, local, out, positions, self._ranged_group(shard, f))
 
 
-__all__ = ["FOOTER_PROBE", "ParquetRanges", "RangeFile", "column_chunk_ranges", "parquet_footer"]
+class CachedParquetShard:
+    """A pinned node-cache Parquet file, rows served by row group (``OpenShard``'s interface).
+
+    Each decode opens the local file afresh (cheap: the footer is given), so threads decode
+    different row groups in parallel; ``close`` releases the pin, decoded groups stay cached.
+    """
+
+    def __init__(self, rows: ParquetRows, shard: int, handle: Any, path: str, meta: pq.FileMetaData) -> None:
+        self.rows, self.shard, self.handle, self.path, self.meta = rows, shard, handle, path, meta
+        self.info = rows.shards[shard]
+        self.users = 0
+
+    def _decode(self, group: int) -> tuple[GroupViews, int]:
+        try:
+            file = pq.ParquetFile(self.path, metadata=self.meta, page_checksum_verification=True)
+        except (pa.ArrowException, OSError) as exc:
+            raise IntegrityError(f"{self.rows.where(self.shard)}: not a readable Parquet file ({exc})") from None
+        try:
+            return self.rows.decode_group(self.shard, group, file)
+        finally:
+            file.close()
+
+    def _group(self, group: int) -> GroupViews:
+        return self.rows.groups.get((self.shard, group), lambda: self._decode(group))
+
+    def row(self, local: int) -> dict[str, np.ndarray]:
+        return self.rows.row_from(self.shard, local, self._group)
+
+    def gather(self, local: np.ndarray, out: dict[str, np.ndarray], positions: np.ndarray) -> None:
+        """``out[name][positions] = rows local`` for every column."""
+        self.rows.gather_from(self.shard, local, out, positions, self._group)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+__all__ = ["FOOTER_PROBE", "WINDOW_SHARDS", "CachedParquetShard", "ParquetRows", "RangeFile", "column_chunk_ranges",
+           "decoded_size", "group_starts", "parquet_footer"]

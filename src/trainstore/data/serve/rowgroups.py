@@ -1,0 +1,92 @@
+"""Decoded Parquet row groups kept for reuse: an LRU bounded by bytes, one decode per group.
+
+Served Parquet rows come out of decoded row groups (numpy views over the Arrow columns).
+``DecodedGroups`` keeps them, keyed by ``(shard, row group)``, least recently used first out
+once ``budget_bytes`` is exceeded (the group just decoded always stays). Two threads asking
+for the same group while it decodes share one decode: the second waits for the first's
+result (or its error). Groups of different shards decode in parallel (pyarrow releases the GIL).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+GroupKey = tuple[int, int]
+#: column name -> numpy view of the row group's rows
+GroupViews = dict[str, np.ndarray]
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one process's decoded-group cache."""
+
+    decoded: int = 0  # row groups decoded
+    decoded_bytes: int = 0  # their decoded (Arrow) size
+    hits: int = 0  # requests served from the cache
+    evicted: int = 0  # groups dropped for the budget
+
+
+class DecodedGroups:
+    """LRU of decoded row groups bounded by ``budget_bytes`` (see the module docstring)."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.stats = DecodeStats()
+        self._groups: OrderedDict[GroupKey, tuple[GroupViews, int]] = OrderedDict()
+        self._decoding: dict[GroupKey, Future[GroupViews]] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def raise_budget(self, at_least: int) -> None:
+        """Make the budget at least ``at_least`` bytes (never lowers it)."""
+        with self._lock:
+            self.budget_bytes = max(self.budget_bytes, at_least)
+
+    def get(self, key: GroupKey, decode: Callable[[], tuple[GroupViews, int]]) -> GroupViews:
+        """The views of group ``key``; ``decode()`` -> (views, bytes) runs if it is not held."""
+        with self._lock:
+            hit = self._groups.get(key)
+            if hit is not None:
+                self._groups.move_to_end(key)
+                self.stats.hits += 1
+                return hit[0]
+            pending = self._decoding.get(key)
+            if pending is None:
+                pending = self._decoding[key] = Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            return pending.result()
+        try:
+            views, size = decode()
+        except BaseException as exc:
+            with self._lock:
+                del self._decoding[key]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            del self._decoding[key]
+            self._groups[key] = (views, size)
+            self._held += size
+            self.stats.decoded += 1
+            self.stats.decoded_bytes += size
+            while self._held > self.budget_bytes and len(self._groups) > 1:
+                _, (_, old) = self._groups.popitem(last=False)
+                self._held -= old
+                self.stats.evicted += 1
+        pending.set_result(views)
+        return views
+
+
+__all__ = ["DecodeStats", "DecodedGroups", "GroupKey", "GroupViews"]

@@ -1,0 +1,189 @@
+"""Parquet served by row group (issue 16 item 1): the same batches as arrow-ipc, each row
+group decoded once from the cached file, corrupt row groups named, remote reads by ranges."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trainstore import open_store
+from trainstore.chunks import content_hash
+from trainstore.data import Dataset, Loader
+from trainstore.data.layouts import PARQUET
+from trainstore.data.serve import write_arrow_dataset
+from trainstore.data.versions import ShardInfo, derive, shards_prefix
+from trainstore.errors import IntegrityError
+from trainstore.store.base import ReadOnlyStore
+
+pytestmark = pytest.mark.timeout(120)
+
+ROWS, PER_SHARD, PER_GROUP, WIDTH = 240, 60, 15, 64
+
+
+class CountingStore(ReadOnlyStore):
+    """Reads pass through; ``bytes_read`` counts every byte the store returns."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.bytes_read = 0
+        self._lock = threading.Lock()
+
+    def _count(self, data):
+        with self._lock:
+            self.bytes_read += memoryview(data).nbytes
+        return data
+
+    def get(self, key):
+        return self._count(self.inner.get(key))
+
+    def get_range(self, key, start, length):
+        return self._count(self.inner.get_range(key, start, length))
+
+    def get_ranges(self, key, ranges):
+        return [self._count(b) for b in self.inner.get_ranges(key, ranges)]
+
+
+def _table(rows: int = ROWS, width: int = WIDTH) -> pa.Table:
+    x = np.random.default_rng(0).standard_normal((rows, width)).astype(np.float32)
+    return pa.table({
+        "i": np.arange(rows, dtype=np.int64),
+        "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), width),
+        "s": [f"row-{j}" for j in range(rows)],
+    })
+
+
+def _parquet_bytes(part: pa.Table, **options) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    pq.write_table(part, sink, row_group_size=PER_GROUP, **options)
+    return sink.getvalue()
+
+
+def _write_both(store, table: pa.Table, **parquet_options) -> None:
+    """The same rows as version ``arr@1`` (arrow-ipc) and ``pq@1`` (parquet, 4 row groups per shard)."""
+    write_arrow_dataset(store, "arr", table, PER_SHARD)
+    shards = []
+    for k, start in enumerate(range(0, table.num_rows, PER_SHARD)):
+        buf = _parquet_bytes(table.slice(start, PER_SHARD), **parquet_options)
+        key = f"{shards_prefix('pq')}{k:05d}.parquet"
+        store.put(key, buf)
+        shards.append(ShardInfo(key, min(PER_SHARD, table.num_rows - start), buf.size, content_hash(buf)))
+    derive(store, [], "features", {}, shards, name="pq", layout=PARQUET.name, schema=table.schema, version=1)
+
+
+@pytest.mark.parametrize("mode", ["block", "full"])
+def test_loader_batches_identical_to_arrow_ipc(tmp_path, mode):
+    store = open_store(str(tmp_path / "s"))
+    _write_both(store, _table(), compression="zstd")
+    loaders = [Loader(Dataset(store, ref, cache_dir=tmp_path / f"hot-{ref}"), batch_size=16, seed=5,
+                      shuffle_mode=mode, block_shards=2, workers=2, prefetch=3) for ref in ("arr@1", "pq@1")]
+    for _epoch in range(2):
+        pairs = list(zip(*loaders, strict=True))
+        assert len(pairs) == ROWS // 16
+        for a, p in pairs:
+            assert a.keys() == p.keys()
+            for name in a:
+                assert a[name].dtype == p[name].dtype and np.array_equal(a[name], p[name]), name
+    arr, pqds = (ld.dataset for ld in loaders)
+    idx = np.random.default_rng(1).integers(0, ROWS, 50)
+    fresh = Dataset(store, "pq@1", cache_dir=tmp_path / "hot-fresh")  # nothing cached: row groups by ranges
+    for got in (pqds.take(idx), fresh.take(idx, ranges=True)):
+        want = arr.take(idx)
+        assert all(np.array_equal(want[n], got[n]) for n in want)
+    for ld in loaders:
+        ld.close()
+
+
+def test_each_row_group_decoded_once_from_the_cached_file(tmp_path):
+    store = open_store(str(tmp_path / "s"))
+    _write_both(store, _table(), compression="zstd")
+    ds = Dataset(store, "pq@1", cache_dir=tmp_path / "hot")
+    groups = ROWS // PER_GROUP
+    loader = Loader(ds, batch_size=16, seed=2, shuffle_mode="block", block_shards=2, workers=2)
+    rows = sorted(int(i) for batch in loader for i in batch["i"])
+    assert rows == list(range(ROWS))
+    stats = ds.row_group_stats()
+    assert stats["decoded"] == groups  # block shuffle: every row group decoded exactly once
+    assert stats["decoded_bytes"] <= ds.version.bytes * 2
+    assert all(ds.cache.contains(s.key) for s in ds.shards)  # the Loader read whole, verified files
+    for _ in loader:  # the decoded row groups fit the budget: the next epoch decodes nothing
+        pass
+    assert ds.row_group_stats()["decoded"] == groups
+    loader.close()
+
+
+def _corrupt_value_in_group(data: bytearray, meta: pq.FileMetaData, group: int, column: str) -> None:
+    """Flip one byte in the middle of ``column``'s (uncompressed) values in row group ``group``:
+    the page still decodes, to a wrong value, unless its CRC is checked."""
+    rg = meta.row_group(group)
+    col = next(rg.column(c) for c in range(rg.num_columns) if rg.column(c).path_in_schema.startswith(column))
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    mid = start + col.total_compressed_size // 2
+    data[mid] ^= 0x40
+
+
+def test_corrupt_row_group_raises_naming_shard_and_row_group(tmp_path):
+    table = _table(60)
+    root = tmp_path / "ext"
+    root.mkdir()
+    data = bytearray(_parquet_bytes(table, compression="none", write_page_checksum=True).to_pybytes())
+    _corrupt_value_in_group(data, pq.read_metadata(pa.BufferReader(bytes(data))), 2, "x")
+    (root / "a.parquet").write_bytes(bytes(data))
+    # an external file has no whole-file checksum: the page CRC is what catches it
+    ds = Dataset.open(str(root), cache_dir=tmp_path / "hot")
+    assert np.array_equal(ds[3]["x"], np.asarray(table["x"][3].values))  # row group 0 is intact
+    with pytest.raises(IntegrityError, match=r"a\.parquet.*row group 2"):
+        ds[2 * PER_GROUP + 1]  # by byte ranges
+    ds2 = Dataset.open(str(root), cache_dir=tmp_path / "hot2")
+    with pytest.raises(IntegrityError, match=r"a\.parquet.*row group 2"):
+        list(Loader(ds2, batch_size=8, shuffle=False))  # from the cached file
+
+
+def test_trainstore_parquet_shards_carry_page_checksums(tmp_path):
+    """``PARQUET.encode`` writes page CRCs, so a range read (no whole-file hash) is verified."""
+    table = _table(60)
+    data = bytearray(PARQUET.encode(table, compression="none", row_group_size=PER_GROUP).to_pybytes())
+    meta = pq.read_metadata(pa.BufferReader(bytes(data)))
+    assert meta.num_row_groups == 60 // PER_GROUP
+    checksum = content_hash(bytes(data))  # the manifest's: the durable copy rots after the commit
+    _corrupt_value_in_group(data, meta, 1, "x")
+    store = open_store(str(tmp_path / "s"))
+    key = f"{shards_prefix('pq')}00000.parquet"
+    store.put(key, bytes(data))
+    derive(store, [], "features", {}, [ShardInfo(key, 60, len(data), checksum)], name="pq", layout=PARQUET.name,
+           schema=table.schema, version=1)
+    ds = Dataset(store, "pq@1", cache_dir=tmp_path / "hot")
+    assert int(ds[0]["i"]) == 0
+    with pytest.raises(IntegrityError, match=r"00000\.parquet.*row group 1"):
+        ds[PER_GROUP + 2]  # by byte ranges: the page CRC
+    with pytest.raises(IntegrityError, match=r"00000\.parquet"):
+        ds.take([0])  # the whole file: its BLAKE3 when filled into the node cache
+
+
+def test_remote_read_fetches_only_the_needed_ranges(tmp_path, s3_url):
+    url, opts = s3_url
+    table = _table(ROWS, width=2048)  # 8 KB rows: 120 KB per row group
+    _write_both(open_store(url, **opts), table, compression="zstd")
+    store = CountingStore(open_store(url, **opts))
+    ds = Dataset(store, "pq@1", cache_dir=tmp_path / "hot")
+    before = store.bytes_read  # the manifest
+    idx = [PER_SHARD + 3, PER_SHARD + 2 * PER_GROUP + 7, PER_SHARD + 4]  # shard 1, row groups 0 and 2
+    got = ds.take(idx, ranges=True)
+    assert got["i"].tolist() == idx and got["s"].tolist() == [f"row-{j}" for j in idx]
+    assert np.array_equal(got["x"], table["x"].combine_chunks().values.to_numpy().reshape(-1, 2048)[idx])
+    shard = ds.shards[1]
+    meta = pq.read_metadata(pa.BufferReader(open_store(url, **opts).get(shard.key)))
+    footer = meta.serialized_size + 8
+    chunks = sum(meta.row_group(g).column(c).total_compressed_size
+                 for g in (0, 2) for c in range(meta.row_group(g).num_columns))
+    read = store.bytes_read - before
+    # the footer (one tail read, at most the whole file's last 64 KB) and the two row groups
+    assert chunks + footer <= read <= chunks + min(shard.bytes, 64 << 10)
+    assert read < shard.bytes * 0.75
+    assert not ds.cache.contains(shard.key)
+    again = store.bytes_read
+    ds.take([PER_SHARD + 5], ranges=True)  # row group 0 again: decoded already, nothing fetched
+    assert store.bytes_read == again
