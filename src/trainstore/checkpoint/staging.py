@@ -1,9 +1,13 @@
 """Reusable host staging buffers: the only work an async save does on the caller's time.
 
-An ``Arena`` is one contiguous host buffer (pinned when CUDA is available, so device->host
-copies run at full speed) carved into 64-byte aligned slots, one per tensor. It is
-allocated and touched once (first touch of fresh memory is several times slower than a copy
-into touched memory) and reused by every later save with the same or a smaller layout.
+An ``Arena`` is one contiguous ``hostmem.HostBuffer`` (huge pages where the kernel allows,
+pinned when CUDA is available, so device->host copies run at full speed) carved into slots,
+one per tensor: 4 KiB-aligned for large tensors (``O_DIRECT``-ready pieces), 64-byte for the
+rest. A fresh arena is never zeroed: the first save copies straight into untouched memory (one
+pass over it, not zero-then-copy), and every later save with the same or a smaller layout
+reuses it. ``Stager.reserve`` allocates and touches arenas ahead of the first save (off the
+training loop's clock, optionally in a background thread the first save waits for only if it
+still runs).
 
 ``stage(leaves)`` copies every tensor of a flattened state into its slot and returns
 ``StagedTensor`` views (raw bytes) the background writer reads while training continues.
@@ -15,12 +19,15 @@ One ``Stager`` serves both save backends (single process and DCP).
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..hostmem import PAGE, HostBuffer
 from .state import Leaf
 
 try:
@@ -29,6 +36,9 @@ except ImportError:  # pragma: no cover
     torch = None  # type: ignore[assignment]
 
 ALIGN = 64
+#: Tensors of at least this many bytes get 4 KiB-aligned slots (their pieces can go out with O_DIRECT).
+LARGE_SLOT_BYTES = 64 << 10
+LARGE_ALIGN = PAGE
 #: Tensors larger than this are copied by ``COPY_THREADS`` plain threads in parts.
 SPLIT_COPY_BYTES = 32 << 20
 COPY_THREADS = max(1, min(2, os.cpu_count() or 1))
@@ -46,33 +56,98 @@ class StagedTensor:
 
 
 class Arena:
-    """One touched (and, with CUDA, pinned) host buffer reused across saves."""
+    """One host buffer (huge pages; pinned with CUDA) reused across saves; untouched until
+    ``touch`` or the first copy into it."""
 
     def __init__(self, nbytes: int, pin: bool | None = None) -> None:
         self.capacity = max(int(nbytes), ALIGN)
-        if pin is None:
-            pin = torch is not None and torch.cuda.is_available()
-        self.pinned = bool(pin)
-        if torch is not None:
-            buf = torch.empty(self.capacity, dtype=torch.uint8, pin_memory=self.pinned)
-            buf.zero_()  # touch every page now, not during the first save
-            self.tensor = buf
-            self.array = buf.numpy()
-        else:  # pragma: no cover
-            self.tensor = None
-            self.array = np.zeros(self.capacity, dtype=np.uint8)
+        self.buffer = HostBuffer(self.capacity, pin=pin)
+        self.pinned = self.buffer.pinned
+        self.array = self.buffer.array()
+        self.tensor = self.buffer.tensor() if torch is not None else None
 
     def slot(self, offset: int, nbytes: int) -> np.ndarray:
         return self.array[offset:offset + nbytes]
 
+    def touch(self, background: bool = False) -> None:
+        """Fault every page in now, or in a background thread (``ready`` waits for it)."""
+        if background:
+            self.buffer.touch_async()
+        else:
+            self.buffer.touch()
+
+    def ready(self) -> None:
+        """Wait for a background touch still running (before anything is copied in)."""
+        self.buffer.wait_touched()
+
+
+def slot_align(nbytes: int) -> int:
+    return LARGE_ALIGN if nbytes >= LARGE_SLOT_BYTES else ALIGN
+
+
+def plan_sizes(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Offsets for tensors of ``sizes`` bytes and the total: the large (4 KiB-aligned) slots
+    first, then the small (64-byte) ones, so the total does not depend on their order."""
+    offsets = [0] * len(sizes)
+    pos = 0
+    for large in (True, False):
+        for i, n in enumerate(sizes):
+            align = slot_align(n)
+            if (align == LARGE_ALIGN) == large:
+                offsets[i] = pos
+                pos += -(-n // align) * align
+    return offsets, pos
+
 
 def plan(leaves: list[Leaf]) -> tuple[list[int], int]:
     """Aligned offsets for each leaf and the total bytes needed."""
-    offsets, pos = [], 0
-    for leaf in leaves:
-        offsets.append(pos)
-        pos += (leaf.nbytes + ALIGN - 1) // ALIGN * ALIGN
-    return offsets, pos
+    return plan_sizes([leaf.nbytes for leaf in leaves])
+
+
+def template_sizes(template: Any) -> list[int]:
+    """Byte sizes of the tensors a state will hold, from the state itself or a template:
+    ``{name: (shape, dtype)}`` specs (torch or numpy dtypes) or meta tensors, nested in
+    dicts, lists and tuples like the state (bytes leaves over 64 KiB count as tensors)."""
+    sizes: list[int] = []
+
+    def walk(x: Any) -> None:
+        spec = _spec_bytes(x)
+        if spec is not None:
+            sizes.append(spec)
+        elif torch is not None and isinstance(x, torch.Tensor):
+            sizes.append(x.numel() * x.element_size())
+        elif isinstance(x, np.ndarray):
+            sizes.append(x.nbytes)
+        elif isinstance(x, (bytes, bytearray)) and len(x) > 64 << 10:
+            sizes.append(len(x))
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(template)
+    return sizes
+
+
+def _spec_bytes(x: Any) -> int | None:
+    """Bytes of a ``(shape, dtype)`` spec, or None when ``x`` is not one."""
+    if type(x) is not tuple or len(x) != 2:
+        return None
+    shape, dtype = x
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return None
+    if torch is not None and isinstance(dtype, torch.dtype):
+        itemsize = dtype.itemsize
+    elif isinstance(dtype, (np.dtype, type, str)):
+        try:
+            itemsize = np.dtype(dtype).itemsize
+        except TypeError:
+            return None
+    else:
+        return None
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
 
 
 class Stager:
@@ -85,6 +160,7 @@ class Stager:
     def __init__(self, pin: bool | None = None) -> None:
         self.pin = pin
         self._spare: list[Arena] = []
+        self._spare_lock = threading.Lock()
         self.allocations = 0  # how many arenas were ever allocated (tests check reuse)
         self._copy_pool: ThreadPoolExecutor | None = None
         self.state_dict_cache: dict | None = None  # stage_state_dict's reusable host copy
@@ -107,26 +183,43 @@ class Stager:
             f.result()
 
     def acquire(self, total: int) -> Arena:
-        for i, arena in enumerate(self._spare):
-            if arena.capacity >= total:
-                return self._spare.pop(i)
-        self._spare.clear()  # too small: let them go before allocating a bigger one
-        self.allocations += 1
-        return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
+        """A spare arena of at least ``total`` bytes (its background touch finished), else a
+        fresh untouched one."""
+        with self._spare_lock:
+            found = next((i for i, a in enumerate(self._spare) if a.capacity >= total), None)
+            if found is not None:
+                arena = self._spare.pop(found)
+            else:
+                self._spare.clear()  # too small: let them go before allocating a bigger one
+                self.allocations += 1
+        if found is None:
+            return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
+        arena.ready()
+        return arena
 
     def release(self, arena: Arena | None) -> None:
         if arena is not None:
-            self._spare.append(arena)
+            with self._spare_lock:
+                self._spare.append(arena)
 
-    def reserve(self, total: int, count: int = 1) -> None:
-        """Allocate and touch ``count`` arenas now (e.g. at start, off the training loop's clock)."""
-        for _ in range(count):
-            self.release(self.acquire(total))
+    def reserve(self, total: int, count: int = 1, background: bool = False) -> None:
+        """Have ``count`` touched arenas of at least ``total`` bytes ready (e.g. at start, off
+        the training loop's clock). ``background``: allocate now, touch on threads; the save
+        that takes one waits only for a touch still running."""
+        with self._spare_lock:
+            have = sum(a.capacity >= total for a in self._spare)
+        for _ in range(count - have):
+            with self._spare_lock:
+                self.allocations += 1
+            arena = Arena(int(total * 1.05) + ALIGN, self.pin)
+            arena.touch(background)
+            self.release(arena)
 
     def stage(self, leaves: list[Leaf], arena: Arena) -> list[StagedTensor]:
         """Copy every leaf into ``arena``; returns views of the staged bytes."""
         offsets, total = plan(leaves)
         assert total <= arena.capacity
+        arena.ready()
         out: list[StagedTensor] = []
         cuda_used = False
         for leaf, off in zip(leaves, offsets):
@@ -182,4 +275,5 @@ def _layout(state_dict: dict[str, Any]) -> Any:
     return spec, [(type(x), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
-__all__ = ["Arena", "Stager", "StagedTensor", "plan", "ALIGN"]
+__all__ = ["ALIGN", "LARGE_ALIGN", "LARGE_SLOT_BYTES", "Arena", "StagedTensor", "Stager", "plan", "plan_sizes",
+           "template_sizes"]
