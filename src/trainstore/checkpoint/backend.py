@@ -90,6 +90,11 @@ class SaveBackend(abc.ABC):
     def check_free(self, step: int) -> None:
         """Caller thread: raise ``AlreadyExistsError`` when ``step`` is committed already."""
 
+    def reserve(self, template: Any, background: bool) -> None:
+        """Caller thread: allocate and touch the host buffers ``stage`` will need for states
+        like ``template`` (``CheckpointManager.reserve``); a backend without reusable buffers
+        does nothing."""
+
     @abc.abstractmethod
     def stage(self, state: Any) -> Any:
         """Caller thread: copy ``state`` to host buffers the save thread then reads."""

@@ -154,6 +154,16 @@ class CheckpointManager:
             self._wait_inflight()
         return handle
 
+    def reserve(self, state_or_template: Any, *, background: bool = False) -> None:
+        """Allocate and touch the host staging buffers of saves of ``state_or_template`` now,
+        off the training loop's clock (e.g. while the model is being built), so the first save
+        copies into touched memory. A template is the state itself, meta tensors, or
+        ``{name: (shape, dtype)}`` specs. ``background=True`` returns at once and touches on a
+        thread; a save waits for it only if it still runs. Without it the first save copies
+        into fresh memory (slower: first touch), which is also correct."""
+        self._check_open()
+        self.backend.reserve(state_or_template, background)
+
     @property
     def backend(self) -> SaveBackend:
         """The save backend of a save made now (``backend.backend_name``: single or dcp)."""

@@ -20,7 +20,7 @@ from . import lease, manifest as mf
 from .backend import SaveBackend, SaveContext
 from .manifest import ChunkEntry, Manifest
 from .reader import load_into, load_state
-from .staging import Arena, StagedTensor, Stager, plan
+from .staging import Arena, StagedTensor, Stager, plan, plan_sizes, template_sizes
 from .state import flatten
 from .types import CheckpointInfo
 from .writer import WriteStats, write_tensors
@@ -42,6 +42,11 @@ class SingleProcessBackend(SaveBackend):
         fast = self.ctx.store.tiers()[0]  # remote tiers are asked on the save thread (write)
         if fast.capabilities.local and fast.exists(mf.manifest_key(self.ctx.job, step)):
             raise AlreadyExistsError(f"checkpoint step {step} of job {self.ctx.job!r} already exists in {fast.url}")
+
+    def reserve(self, template: Any, background: bool) -> None:
+        _offsets, total = plan_sizes(template_sizes(template))
+        keeps_base = self.ctx.policy.keep_base_in_memory and bool(self.ctx.policy.incremental_every)
+        self.stager.reserve(total, 2 if keeps_base else 1, background)  # base + next save's arena
 
     def stage(self, state: Any) -> tuple[Any, list[StagedTensor], Arena]:
         skeleton, leaves = flatten(state)
