@@ -39,7 +39,7 @@ from typing import Any
 
 import blake3
 
-from .codecs import CODECS, MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
+from .codecs import CODECS, LOSSY_CODECS, MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
 from .errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -102,7 +102,7 @@ class ChunkRef:
         h, codec, size, stored, itemsize = obj
         if not (isinstance(h, str) and len(h) == HASH_HEX_LEN and all(c in "0123456789abcdef" for c in h)):
             raise ManifestError(f"chunk reference has a malformed hash {h!r:.80}")
-        if not isinstance(codec, str) or codec not in CODECS:
+        if not isinstance(codec, str) or codec not in CODECS + LOSSY_CODECS:
             raise ManifestError(f"chunk reference has an unknown codec {codec!r:.40}")
         for name, v in (("size", size), ("stored", stored), ("itemsize", itemsize)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -169,7 +169,7 @@ class ChunkStore:
         view = memoryview(data).cast("B")
         if view.nbytes > MAX_CHUNK_BYTES:
             raise ConfigError(f"chunk of {view.nbytes} bytes exceeds the limit of {MAX_CHUNK_BYTES}")
-        codec = check_codec(codec or self.codec.codec)
+        codec = check_codec(codec or self.codec.codec, lossy=True)
         h = digest or content_hash(view)
         key = f"{self.prefix}/{h[:2]}/{h}.{codec}"
         stored = self._stored_size(key)

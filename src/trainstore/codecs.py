@@ -10,6 +10,9 @@ Codec names are stable strings recorded in every chunk reference:
 * ``bytegroup-zstd``: the ZipNN idea (codecs_bytegroup.py): byte planes with a float's
   whole exponent in one plane, each plane zstd-coded on its own (tuned to prefer literals)
   or kept raw when it is noise (low mantissa bytes). The incremental (delta) default.
+* ``lossy-q8``, ``lossy-q8-sqrt``, ``lossy-bf16``: LOSSY, for float32 optimizer moments only
+  and only when a policy asks for it (codecs_lossy.py). The chunk's hash is that of the
+  decoded bytes, so every integrity check treats them like any other chunk.
 
 ``zstd`` and ``shuffle-zstd`` are written as a 24-byte header (``TSZ``, version, element
 size, raw size, frame size) + one zstd frame of the shuffled bytes: the shuffle is numpy, the coder the
@@ -29,11 +32,14 @@ from dataclasses import dataclass
 import blosc2
 import numpy as np
 
-from . import codecs_bytegroup
+from . import codecs_bytegroup, codecs_lossy
 from .errors import ChunkCorruptError, ConfigError
 from .zstd_frames import compressor, decode_frame_into, scratch
 
+#: the lossless codecs: what configs may choose
 CODECS = ("raw", "zstd", "shuffle-zstd", "shuffle-lz4", "bytegroup-zstd")
+#: lossy codecs: chosen only per tensor by a lossy checkpoint policy (chunks may record them)
+LOSSY_CODECS = codecs_lossy.LOSSY_CODECS
 
 #: The largest chunk we will ever decode (guards against hostile references).
 MAX_CHUNK_BYTES = 1 << 30
@@ -62,9 +68,12 @@ class CodecConfig:
             raise ConfigError(f"codec threads must be >= 1, got {self.threads}")
 
 
-def check_codec(codec: str) -> str:
-    if codec not in CODECS:
-        raise ConfigError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+def check_codec(codec: str, lossy: bool = False) -> str:
+    """``codec`` if it is a lossless codec (or, with ``lossy``, a lossy one), else ``ConfigError``."""
+    if codec not in CODECS and not (lossy and codec in LOSSY_CODECS):
+        raise ConfigError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}"
+                          + (" (lossy codecs are chosen by CheckpointPolicy.optimizer_moments)"
+                             if codec in LOSSY_CODECS else ""))
     return codec
 
 
@@ -85,7 +94,7 @@ def encode(data: memoryview | bytes, codec: str, itemsize: int = 1, *, level: in
     ``threads`` applies to ``shuffle-lz4`` (blosc2's block threads); the zstd codecs code
     one chunk per call on the calling thread, without the GIL: run chunks on a thread pool.
     """
-    check_codec(codec)
+    check_codec(codec, lossy=True)
     if codec == "raw":
         return data
     n = memoryview(data).nbytes
@@ -98,6 +107,8 @@ def encode(data: memoryview | bytes, codec: str, itemsize: int = 1, *, level: in
             raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {MAX_CHUNK_BYTES}")
     if codec == "bytegroup-zstd":
         return codecs_bytegroup.encode(data, itemsize, level)
+    if codec in LOSSY_CODECS:
+        return codecs_lossy.encode(data, codec, level)
     if codec in _ZSTD_CODECS:
         src = np.frombuffer(data, dtype=np.uint8)
         planes = src if itemsize == 1 else _shuffle(src, itemsize)
@@ -150,7 +161,7 @@ def _decode_tsz(stored: memoryview | bytes, raw_size: int, key: str,
 def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = "",
            out: memoryview | None = None, threads: int = 2) -> memoryview | bytes:
     """Decompress into ``out`` (if given) or a new buffer; checks every size first."""
-    check_codec(codec)
+    check_codec(codec, lossy=True)
     if raw_size < 0 or raw_size > MAX_CHUNK_BYTES:
         raise ChunkCorruptError(f"chunk {key}: claimed size {raw_size} is out of bounds")
     if codec == "raw":
@@ -162,6 +173,8 @@ def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = 
         return stored
     if codec == "bytegroup-zstd":
         return codecs_bytegroup.decode(stored, raw_size, key, out)
+    if codec in LOSSY_CODECS:
+        return codecs_lossy.decode(stored, raw_size, key, out)
     if codec in _ZSTD_CODECS and bytes(memoryview(stored).cast("B")[:3]) == _TSZ_MAGIC:
         return _decode_tsz(stored, raw_size, key, out)
     try:

@@ -52,6 +52,7 @@ from . import exit as exit_hooks, manifest as mf
 from .backend import SaveBackend, SaveContext, backend_class, backend_name, loader_name
 from .failures import SaveErrorPolicy, SaveFailures
 from .inflight import InflightSaves
+from .lossy import LossyReport
 from .manifest import Manifest
 from .reader import SCRATCH_BYTES
 from .restore import restore_first
@@ -383,7 +384,11 @@ class CheckpointManager:
                                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
         m, why, state = found
         result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
-                               repairs=self.repairs[repairs_before:], partial=partial[0] if partial else None)
+                               repairs=self.repairs[repairs_before:], partial=partial[0] if partial else None,
+                               lossy=LossyReport.of(m))
+        if result.lossy is not None:
+            log.warning("restore of step %d (job %r): %s: %s", m.step, self.job, result.lossy,
+                        ", ".join(result.lossy.tensors[:4]) + (" ..." if len(result.lossy.tensors) > 4 else ""))
         self._notify("restore", ok=True, step=m.step, kind=m.kind, seconds=result.seconds, skipped=len(skipped),
                      logical_bytes=m.logical_bytes)
         self.last_restore = result

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from ..errors import AlreadyExistsError, TrainstoreError
-from . import lease, manifest as mf
+from . import lease, lossy, manifest as mf
 from .backend import SaveBackend, SaveContext
-from .manifest import ChunkEntry, Manifest
+from .manifest import ChunkEntry, Manifest, TensorEntry
 from .reader import load_into, load_state
 from .staging import Arena, StagedTensor, Stager, plan, plan_sizes, template_sizes
 from .state import flatten
@@ -73,7 +74,13 @@ class SingleProcessBackend(SaveBackend):
                 log.info("step %d: no full checkpoint to diff against, saving a full checkpoint", step)
                 kind = "full"
             lookup = self._lookup(base) if base is not None else None
-            entries, stats = write_tensors(ctx.chunks, tensors, ctx.options, lookup)
+            mode = lossy.policy_mode(ctx.policy)
+            codecs = lossy.lossy_codecs([(t.name, t.dtype) for t in tensors], mode)
+            entries, stats = write_tensors(ctx.chunks, [t for t in tensors if t.name not in codecs], ctx.options, lookup)
+            if codecs:  # opt-in lossy optimizer moments: always whole pieces, never deltas
+                entries, stats = _merge(tensors, (entries, stats), lossy.write_lossy(
+                    ctx.chunks, [t for t in tensors if t.name in codecs], codecs, ctx.options))
+                metadata = {**metadata, "lossy": lossy.summary(entries, mode)}
             m = Manifest(job=ctx.job, step=step, kind=kind, tensors=entries, skeleton=skeleton,
                          base_step=base.step if base is not None else None, chunk_bytes=ctx.options.chunk_bytes,
                          metadata=metadata, logical_bytes=stats.logical_bytes, stored_bytes=stats.stored_bytes,
@@ -147,12 +154,25 @@ class SingleProcessBackend(SaveBackend):
             if t is None or t.dtype != dtype or idx >= len(t.chunks) or t.chunks[idx].size != size:
                 return None
             entry = t.chunks[idx]
+            if not lossy.usable_as_base(entry):  # its bytes are not what was staged then
+                return None
             if views is not None and name in views:
                 start = idx * chunk_bytes
                 return entry, lambda: views[name][start:start + size]
             return entry, lambda: memoryview(chunks.get(entry.ref))
 
         return lookup
+
+
+def _merge(staged: list[StagedTensor], *parts: tuple[dict[str, TensorEntry], WriteStats]
+           ) -> tuple[dict[str, TensorEntry], WriteStats]:
+    """Entries (in the staged order) and summed stats of several ``write_tensors``-like calls."""
+    found = {n: e for entries, _ in parts for n, e in entries.items()}
+    total = WriteStats()
+    for _, st in parts:
+        for f in fields(WriteStats):
+            setattr(total, f.name, getattr(total, f.name) + getattr(st, f.name))
+    return {t.name: found[t.name] for t in staged}, total
 
 
 def _log_saved(m: Manifest, stats: WriteStats) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from ..chunks import RepairEvent
 from ..errors import ConfigError
 from . import manifest as mf
+from .lossy import LossyReport, check_mode
 from .manifest import Manifest
 from .objectives import ON_BUSY, ObjectivePolicy, Objectives
 from .select import PartialReport
@@ -24,12 +25,18 @@ class CheckpointPolicy:
     warning. ``keep_base_in_memory``: keep the last full checkpoint's host copy so
     incrementals XOR against memory instead of re-reading the store (costs one state-sized
     buffer).
+
+    ``optimizer_moments``: ``"lossless"`` (default, bit-exact), or opt-in lossy storage of
+    float32 Adam/AdamW moments (``exp_avg``, ``exp_avg_sq``): ``"bf16"`` or
+    ``"int8-blockwise"`` (8-bit log-map codes with per-block scales); parameters and
+    everything else stay lossless (``checkpoint.lossy``; ``RestoreResult.lossy`` reports it).
     """
 
     full_every: int = 1000
     incremental_every: int | None = 100
     on_busy: str = "wait"
     keep_base_in_memory: bool = True
+    optimizer_moments: str = "lossless"
 
     def __post_init__(self) -> None:
         if not isinstance(self.full_every, int) or self.full_every < 1:
@@ -38,6 +45,7 @@ class CheckpointPolicy:
             raise ConfigError(f"incremental_every must be None or a non-negative int, got {self.incremental_every!r}")
         if self.on_busy not in ON_BUSY:
             raise ConfigError(f"on_busy must be one of {ON_BUSY}, got {self.on_busy!r}")
+        check_mode(self.optimizer_moments)
 
     @staticmethod
     def from_objectives(rpo: float | str, mtbf: float | str, rto: float | str | None = None,
@@ -102,6 +110,7 @@ class RestoreResult:
     seconds: float = 0.0
     repairs: list[RepairEvent] = field(default_factory=list)  # bad chunk copies replaced on the way
     partial: PartialReport | None = None  # restore(only=/reset=): what was loaded and what left out
+    lossy: LossyReport | None = None  # set when optimizer moments were stored lossy (not bit-exact)
 
     def __str__(self) -> str:
         s = f"restored step {self.step} ({self.kind}): {self.reason}"
@@ -109,6 +118,8 @@ class RestoreResult:
             s += "; skipped " + ", ".join(f"{st} ({why})" for st, why in self.skipped)
         if self.partial is not None:
             s += f"; {self.partial}"
+        if self.lossy is not None:
+            s += f"; {self.lossy}"
         if self.repairs:
             s += f"; repaired {len(self.repairs)} bad chunk copies: " + ", ".join(str(e) for e in self.repairs[:3])
         return s
