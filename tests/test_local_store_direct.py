@@ -1,0 +1,148 @@
+"""LocalStore writes large 4 KiB-aligned buffers with O_DIRECT (no page cache), content exact,
+falling back to buffered writes cleanly; a failed direct write leaves nothing visible."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from trainstore.hostmem import HostBuffer
+from trainstore.store import local as local_mod
+from trainstore.store.local import TEMP_PREFIX, LocalStore
+
+PAGE = 4096
+SIZE = (3 << 20) + 1234  # a 4 KiB-multiple head plus a tail that is not
+
+
+def aligned_data(nbytes: int = SIZE, seed: int = 0) -> np.ndarray:
+    arr = HostBuffer(nbytes).array()
+    arr[:] = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+    return arr
+
+
+def cached_bytes(path: str) -> int:
+    """Bytes of ``path`` in the page cache (mincore over a read-only mapping)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+    view = np.frombuffer(m, dtype=np.uint8)
+    try:
+        pages = -(-size // PAGE)
+        vec = (ctypes.c_ubyte * pages)()
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(pages * PAGE), vec)
+        assert rc == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec) * PAGE
+    finally:
+        del view
+        m.close()
+
+
+def test_large_aligned_put_bypasses_the_page_cache_and_is_exact(tmp_path) -> None:
+    store = LocalStore(tmp_path / "s")
+    data = aligned_data()
+    store.put("a/big", data)
+    path = store.local_path("a/big")
+    assert cached_bytes(path) <= PAGE  # only the buffered tail page, the 3 MiB head went direct
+    assert store.get("a/big") == data.tobytes()
+    store.put_if_absent("a/big2", data[PAGE:PAGE + (2 << 20)])  # an aligned slice of exactly 2 MiB
+    assert cached_bytes(store.local_path("a/big2")) == 0
+    assert store.get("a/big2") == data[PAGE:PAGE + (2 << 20)].tobytes()
+
+
+def test_unaligned_small_or_opted_out_writes_stay_buffered(tmp_path) -> None:
+    data = aligned_data()
+    store = LocalStore(tmp_path / "s")
+    store.put("unaligned", data[64:])  # not 4 KiB-aligned: buffered
+    store.put("small", data[: 64 << 10])  # under DIRECT_MIN_BYTES: buffered
+    off = LocalStore(tmp_path / "o", direct_io=False)
+    off.put("big", data)
+    for st, key, want in ((store, "unaligned", data[64:]), (store, "small", data[: 64 << 10]), (off, "big", data)):
+        assert cached_bytes(st.local_path(key)) >= want.nbytes // PAGE * PAGE
+        assert st.get(key) == want.tobytes()
+
+
+def test_filesystem_refusing_o_direct_falls_back_once_per_directory(tmp_path, monkeypatch) -> None:
+    """A filesystem refusing O_DIRECT at open (EINVAL, as tmpfs did before Linux 6.6)."""
+    real_open = os.open
+    direct_opens = []
+
+    def refusing_open(path, flags, mode=0o777, **kw):
+        if flags & os.O_DIRECT:
+            direct_opens.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(local_mod.os, "open", refusing_open)
+    store = LocalStore(tmp_path / "s")
+    data = aligned_data()
+    store.put("d/one", data)
+    store.put("d/two", data)
+    assert len(direct_opens) == 1  # probed once for directory d, then buffered
+    assert store.get("d/one") == data.tobytes() and store.get("d/two") == data.tobytes()
+
+
+def test_direct_write_refused_midway_is_rewritten_buffered_exactly(tmp_path, monkeypatch) -> None:
+    """A filesystem that opens with O_DIRECT but refuses the aligned write itself."""
+    def refusing_write(fd, data):
+        os.write(fd, memoryview(data)[: 1 << 20])  # some bytes went out, then EINVAL
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(local_mod, "write_direct", refusing_write)
+    store = LocalStore(tmp_path / "s")
+    data = aligned_data(seed=1)
+    store.put("x", data)
+    assert store.get("x") == data.tobytes()
+    assert os.path.dirname(store.local_path("x")) in store._direct_refused
+
+
+def test_tmpfs_store_round_trips_large_aligned_pieces() -> None:
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        store = LocalStore(d)
+        data = aligned_data(seed=2)
+        store.put("k", data)
+        store.put_if_absent("k2", data)
+        assert store.get("k") == data.tobytes() and store.get("k2") == data.tobytes()
+
+
+def test_failing_direct_write_leaves_nothing_visible(tmp_path) -> None:
+    """A real kernel error mid-write (the file-size limit: EFBIG, reported like ENOSPC) in a
+    child process: CapacityError, no object, no temp file."""
+    root = tmp_path / "s"
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        import numpy as np
+        from trainstore.errors import CapacityError
+        from trainstore.hostmem import HostBuffer
+        from trainstore.store.local import LocalStore
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        store = LocalStore({str(root)!r})
+        data = HostBuffer(8 << 20).array()
+        data[:] = 7
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, resource.RLIM_INFINITY))
+        for put in (store.put, store.put_if_absent):
+            try:
+                put("c/big", data)
+            except CapacityError as exc:
+                print("capacity:", exc)
+            else:
+                sys.exit("the write past the limit succeeded")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert res.stdout.count("capacity: no space left while writing 'c/big'") == 2
+    left = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+    assert left == [], left
+    assert not any(name.startswith(TEMP_PREFIX) for name in left)
