@@ -5,7 +5,8 @@ not compress) are written twice: as a ``parquet`` version (zstd, one row group p
 ``--row-group`` rows) and as an ``arrow-ipc`` version, into a local store and into a moto S3
 bucket on 127.0.0.1. For each, the Loader (block shuffle) runs a cold epoch (empty node
 cache), a warm epoch with no compute (samples/s), and a warm epoch with ``--compute-ms`` of
-emulated compute per batch (AU = compute / wall, first batch excluded). Also: random access
+emulated compute per batch (AU = compute / wall, first batch excluded); bytes read from the
+store over the three epochs and Parquet row groups decoded (``Dataset.row_group_stats``). Also: random access
 ``ds[i]`` to Parquet rows not cached (row groups fetched by byte ranges), bytes per row.
 
 Run: ``.venv/bin/python benchmarks/loader_parquet.py`` (``--samples``, ``--sample-kb``,
@@ -24,8 +25,6 @@ import time
 import warnings
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from trainstore import open_store
 from trainstore.chunks import content_hash
@@ -48,9 +47,7 @@ def write_both(store, n: int, width: int, rows_per_shard: int, row_group: int) -
     shards = []
     for i, start in enumerate(range(0, n, rows_per_shard)):
         part = table.slice(start, rows_per_shard)
-        sink = pa.BufferOutputStream()
-        pq.write_table(part, sink, compression="zstd", row_group_size=row_group)
-        buf = sink.getvalue()
+        buf = PARQUET.encode(part, compression="zstd", row_group_size=row_group)
         key = f"{shards_prefix('featpq')}v000001-{i:05d}.parquet"
         store.put(key, buf)
         shards.append(ShardInfo(key, part.num_rows, buf.size, content_hash(buf)))
@@ -79,9 +76,12 @@ def measure(store, ref: str, cache: str, batch: int, compute_s: float) -> dict:
     cold, n, _ = epoch(loader, 0.0)
     warm, n, _ = epoch(loader, 0.0)
     wall, _, computed = epoch(loader, compute_s)
+    fetched = loader.stats()["bytes_fetched"]
+    groups = ds.row_group_stats()
     loader.close()
     return {"cold_samples_per_s": round(n / cold), "warm_samples_per_s": round(n / warm),
-            "au_at_compute": round(computed / wall, 3)}
+            "au_at_compute": round(computed / wall, 3), "store_mb_read_3_epochs": round(fetched / 1e6, 1),
+            "row_groups_decoded": groups["decoded"], "decoded_mb": round(groups["decoded_bytes"] / 1e6, 1)}
 
 
 def random_access(store, cache: str, n: int, probes: int) -> dict:
@@ -92,7 +92,7 @@ def random_access(store, cache: str, n: int, probes: int) -> dict:
     for i in rng.integers(0, n, probes):
         ds[int(i)]
     dt = time.perf_counter() - t0
-    return {"rows_per_s": round(probes / dt), "fetched_mb": round(ds._ranges.fetched_bytes / 1e6, 2),
+    return {"rows_per_s": round(probes / dt), "fetched_mb": round(ds.row_group_stats()["fetched_bytes"] / 1e6, 2),
             "dataset_mb": round(ds.version.bytes / 1e6, 2)}
 
 

@@ -344,7 +344,10 @@ class Dataset:
         return self._cache
 
     def close(self) -> None:
+        """Unpin idle shards and drop this process's decoded Parquet row groups."""
         self._release_idle()
+        if self._ranges is not None:
+            self._ranges.groups.clear()
 
     # -- map-style API --------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -52,6 +52,12 @@ class DecodedGroups:
         with self._lock:
             self.budget_bytes = max(self.budget_bytes, at_least)
 
+    def clear(self) -> None:
+        """Drop every decoded group held (to free the memory; later reads decode again)."""
+        with self._lock:
+            self._groups.clear()
+            self._held = 0
+
     def get(self, key: GroupKey, decode: Callable[[], tuple[GroupViews, int]]) -> GroupViews:
         """The views of group ``key``; ``decode()`` -> (views, bytes) runs if it is not held."""
         with self._lock:

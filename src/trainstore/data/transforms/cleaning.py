@@ -114,7 +114,8 @@ class _ShardWriter:
         start = 0
         while start < table.num_rows:
             if self._writer is None:
-                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.config.compression)
+                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.config.compression,
+                                                write_page_checksum=True)  # range readers verify pages
             piece = table.slice(start, self.config.shard_rows - self._rows)
             self._writer.write_table(piece)
             self._rows += piece.num_rows
