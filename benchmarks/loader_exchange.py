@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -73,7 +74,9 @@ def rank_run(rank: int, world: int, args: dict) -> dict:
 
 
 def main() -> None:
-    from trainstore.testing.dist import run_ranks  # noqa: PLC0415 - benchmark-only harness
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the test harness: harness.dist
+    from harness.dist import run_ranks  # noqa: PLC0415 - benchmark-only harness
+
     from trainstore.testing.s3server import start_s3_server  # noqa: PLC0415
 
     p = argparse.ArgumentParser()

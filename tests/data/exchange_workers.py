@@ -1,4 +1,4 @@
-"""Rank functions of the exchange-mode tests (run by trainstore.testing.dist.run_ranks).
+"""Rank functions of the exchange-mode tests (run by harness.dist.run_ranks).
 
 Each rank is a "node": its own node-cache directory, its own counting view of the S3 store.
 """

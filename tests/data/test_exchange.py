@@ -7,13 +7,13 @@ import os
 
 import numpy as np
 import pytest
+from harness.dist import run_ranks
 
 from trainstore import open_store
 from trainstore.data import Dataset, Loader
 from trainstore.data.serve import write_arrow_dataset
 from trainstore.data.serve.exchange import RowExchange
 from trainstore.errors import ConfigError
-from trainstore.testing.dist import run_ranks
 
 from .exchange_workers import open_loader
 

@@ -1,4 +1,4 @@
-"""Functions run on every rank of the multi-process tests (via trainstore.testing.dist.run_ranks).
+"""Functions run on every rank of the multi-process tests (via harness.dist.run_ranks).
 
 Each takes (rank, world, args) inside an initialised gloo process group and returns JSON.
 The expected values are built from fixed seeds, so any world size can check any shard.

@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from harness.dist import run_ranks
 
 from trainstore.checkpoint import manifest as mf
 from trainstore.dcp import StorageReader, StorageWriter
 from trainstore.store.local import LocalStore
-from trainstore.testing.dist import run_ranks
 
 HERE = os.path.dirname(__file__)
 pytestmark = pytest.mark.timeout(240)

@@ -22,11 +22,13 @@ from conftest import require  # tests/conftest.py: optional dependencies
 
 require("torchtitan", install="pip install torchtitan")
 
+from harness import child_env  # noqa: E402
+from harness.dist import free_port, run_ranks  # noqa: E402
+
 from trainstore.checkpoint import CheckpointManager  # noqa: E402
 from trainstore.dcp import StorageReader, StorageWriter, format_checkpoint_id  # noqa: E402
 from trainstore.errors import ConfigError  # noqa: E402
 from trainstore.store import open_store  # noqa: E402
-from trainstore.testing.dist import free_port, run_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::UserWarning")]
 HERE = str(Path(__file__).parent)
@@ -100,7 +102,8 @@ def job(tmp: Path, *, mode: str, store: Path, out: Path, **extra: object) -> dic
 
 
 def rank_env(rank: int, world: int, port: int, args: dict, out_dir: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+    env = child_env()  # tests/ on PYTHONPATH: the ranks run harness.dist._rank_main
+    return {**env, "PYTHONPATH": os.pathsep.join([HERE, env["PYTHONPATH"]]),
             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RANK": str(rank), "WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINSTORE_DIST_TARGET": f"{WORKER}:run",
             "TRAINSTORE_DIST_ARGS": json.dumps(args), "TRAINSTORE_DIST_OUT": str(out_dir / f"rank{rank}.json"),
@@ -146,7 +149,7 @@ def test_sigkill_mid_run_then_load_resumes_bit_identical(tmp_path, reference):
     out_dir.mkdir()
     args = job(tmp_path, mode="train", store=store, out=tmp_path / "killed.pt", slow_after=7)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", "from trainstore.testing.dist import _rank_main; _rank_main()"],
+    procs = [subprocess.Popen([sys.executable, "-c", "from harness.dist import _rank_main; _rank_main()"],
                               env=rank_env(r, 2, port, args, out_dir), stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True) for r in range(2)]
     killed_after = None

@@ -1,4 +1,4 @@
-"""One rank of a tiny torchtitan-style training job (run by test_torchtitan via trainstore.testing.dist).
+"""One rank of a tiny torchtitan-style training job (run by test_torchtitan via harness.dist).
 
 Built the way torchtitan's Trainer builds it: an FSDP2-sharded (``fully_shard``) model over a
 CPU device mesh, torchtitan's ``OptimizersContainer`` (AdamW) and ``LRSchedulersContainer``

@@ -23,7 +23,7 @@ STALL_S = 1.5
 @pytest.fixture
 def fault_proxy(s3_server):
     """A FaultProxy (10% faults, seeded per test) in front of the session's S3 server."""
-    from trainstore.testing.faultproxy import FaultConfig, FaultProxy
+    from harness.faultproxy import FaultConfig, FaultProxy
 
     proxy = FaultProxy(s3_server.endpoint, FaultConfig(rate=0.0, seed=1234, stall_s=STALL_S),
                        max_lifetime_s=600)

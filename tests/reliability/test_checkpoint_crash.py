@@ -12,15 +12,15 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
+from harness import child_env, module_command
+from harness.crashkit import ckpt_options, ckpt_policy, ckpt_state, states_equal
 
 from trainstore import open_store
 from trainstore.checkpoint import CheckpointManager, manifest as mf
@@ -32,7 +32,6 @@ from trainstore.errors import (
     StoreUnavailableError,
     TrainstoreError,
 )
-from trainstore.testing.crashkit import ckpt_options, ckpt_policy, ckpt_state, states_equal
 
 from .conftest import record
 
@@ -46,8 +45,7 @@ def _manager(store) -> CheckpointManager:
 # -- SIGKILL during saves -------------------------------------------------------------------
 def _kill_trial(url: str, start: int, delay: float, env: dict) -> list[int]:
     """Run a saving child from ``start``; SIGKILL it ``delay`` s after READY; the acked steps."""
-    proc = subprocess.Popen([sys.executable, "-m", "trainstore.testing.crashkit", "ckpt", url, JOB, str(start),
-                             "--no-torch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(module_command("crashkit", "ckpt", url, JOB, str(start), "--no-torch"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -66,7 +64,7 @@ def _kill_trial(url: str, start: int, delay: float, env: dict) -> list[int]:
 
 def _crash_trials(url: str, trials: int, seed: int, store_options: dict | None = None) -> dict:
     rng = random.Random(seed)
-    env = {**os.environ, "TRAINSTORE_CRASHKIT_STORE_OPTIONS": json.dumps(store_options or {})}
+    env = {**child_env(), "TRAINSTORE_CRASHKIT_STORE_OPTIONS": json.dumps(store_options or {})}
     store = open_store(url, **(store_options or {}))
     acked_total, in_flight_commits, checked = 0, 0, 0
     last_acked = -1

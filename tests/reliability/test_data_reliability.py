@@ -16,7 +16,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from harness import child_env, module_command
 
 from trainstore import open_store
 from trainstore.data.ingest import IngestConfig, Ingestor
@@ -49,8 +49,7 @@ def _ids(store) -> Counter:
 
 
 def _ingest_kill(url: str, wal: str, start: int, delay: float, env: dict) -> tuple[set[int], int]:
-    proc = subprocess.Popen([sys.executable, "-m", "trainstore.testing.crashkit", "ingest", url, DATASET, wal,
-                             str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(module_command("crashkit", "ingest", url, DATASET, wal, str(start)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -77,7 +76,7 @@ def _ingest_kill(url: str, wal: str, start: int, delay: float, env: dict) -> tup
 
 def _ingest_trials(url: str, wal: str, trials: int, seed: int, store_options: dict | None = None) -> dict:
     rng = random.Random(seed)
-    env = {**os.environ, "TRAINSTORE_CRASHKIT_STORE_OPTIONS": json.dumps(store_options or {})}
+    env = {**child_env(), "TRAINSTORE_CRASHKIT_STORE_OPTIONS": json.dumps(store_options or {})}
     store = open_store(url, **(store_options or {}))
     acked: set[int] = set()
     commits = 0

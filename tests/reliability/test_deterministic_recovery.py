@@ -7,14 +7,13 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
-
-from trainstore.testing.trainjob import JobConfig, train
+from harness import child_env, module_command
+from harness.trainjob import JobConfig, train
 
 from .conftest import record
 
@@ -32,9 +31,9 @@ def _reference(tmp_path, cfg: JobConfig) -> dict:
 
 def _run_child(store: str, cache: str, out: str, cfg: JobConfig, kill_at: int | None) -> tuple[list[str], bool]:
     """Run the training child; SIGKILL it once it reports step ``kill_at``. (lines, killed)"""
-    cmd = [sys.executable, "-m", "trainstore.testing.trainjob", "train", store, "job", cache, out,
-           "--steps", str(cfg.steps), "--optimizer", cfg.optimizer]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = module_command("trainjob", "train", store, "job", cache, out, "--steps", str(cfg.steps),
+                         "--optimizer", cfg.optimizer)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
     lines: list[str] = []
     done = threading.Event()
     killed = False

@@ -85,9 +85,10 @@ def test_rlimit_fallback_maps_to_capacity_error(tmp_path):
 def _ckpt_disk_full(root: str, fill, free) -> dict:
     """Save, run out of space during the next save, check the error and the store, free
     space, restore the previous checkpoint and continue training (saving again)."""
+    from harness.crashkit import ckpt_options, ckpt_state, states_equal
+
     from trainstore.checkpoint import CheckpointManager, manifest as mf
     from trainstore.errors import TrainstoreError
-    from trainstore.testing.crashkit import ckpt_options, ckpt_state, states_equal
 
     store = open_store(root)
     mgr = CheckpointManager(store, "full", options=ckpt_options())

@@ -8,19 +8,19 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from harness import child_env, module_command
+from harness.crashkit import ckpt_options, ckpt_state, states_equal
 
 from trainstore import open_store
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, manifest as mf
 from trainstore.lifecycle.gc import GcOptions, collect_garbage
 from trainstore.lifecycle.registry import Registry
 from trainstore.lifecycle.retention import RetentionPolicy, apply_retention
-from trainstore.testing.crashkit import ckpt_options, ckpt_state, states_equal
 
 from .conftest import record
 
@@ -148,9 +148,8 @@ def _registry_trials(tmp_path, trials: int, seed: int) -> dict:
     rng = random.Random(seed)
     acked: list[int] = []
     for _ in range(trials):
-        proc = subprocess.Popen([sys.executable, "-m", "trainstore.testing.crashkit", "registry", url, "reg",
-                                 "model", "3", "--no-torch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(module_command("crashkit", "registry", url, "reg", "model", "3", "--no-torch"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
         reader.start()

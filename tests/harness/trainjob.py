@@ -5,8 +5,8 @@ the newest valid checkpoint, compare the final weights with an uninterrupted run
 bit) and reusable by demos. Everything that decides the next step is checkpointed: model
 and optimizer state, every RNG (dropout draws from torch's), and the loader position.
 
-    python -m trainstore.testing.trainjob prepare STORE          # write the feature dataset
-    python -m trainstore.testing.trainjob train STORE JOB CACHE_DIR OUT.npz [--steps N] [--optimizer plain-adam]
+    python -m harness.trainjob prepare STORE          # write the feature dataset
+    python -m harness.trainjob train STORE JOB CACHE_DIR OUT.npz [--steps N] [--optimizer plain-adam]
 
 ``train`` prints ``READY``, then ``STEP n`` after each optimizer step, ``SAVED n`` when the
 checkpoint of step ``n`` is durable, and ``DONE`` after writing the final weights to
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> None:
         cfg = JobConfig(**changes)
         train(argv[1], argv[2], argv[3], argv[4], cfg, log=lambda m: print(m, flush=True), **opts)
         return
-    raise SystemExit(f"usage: python -m trainstore.testing.trainjob prepare|train ...; got {argv!r}")
+    raise SystemExit(f"usage: python -m harness.trainjob prepare|train ...; got {argv!r}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ Each child prints ``READY`` once its imports are done and one ``ACK <what>`` lin
 after every operation trainstore reported durable, so the parent knows exactly what was
 acknowledged before the kill. Run as::
 
-    python -m trainstore.testing.crashkit ckpt STORE_URL JOB START [--no-torch]
-    python -m trainstore.testing.crashkit ingest STORE_URL DATASET WAL_DIR START
-    python -m trainstore.testing.crashkit registry STORE_URL JOB MODEL STEPS
+    python -m harness.crashkit ckpt STORE_URL JOB START [--no-torch]
+    python -m harness.crashkit ingest STORE_URL DATASET WAL_DIR START
+    python -m harness.crashkit registry STORE_URL JOB MODEL STEPS
 
 ``--no-torch`` hides torch from the child (numpy-only states) so that each of hundreds of
 trials starts in about a second instead of four; the checkpoint code path is the same.

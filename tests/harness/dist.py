@@ -23,6 +23,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from . import child_env
+
 
 @dataclass
 class RankResult:
@@ -51,9 +53,8 @@ def run_ranks(target: str, world: int, args: dict | None = None, *, timeout_s: f
     """Start ``world`` ranks running ``target`` ("module:function"); wait for all; return results."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="trainstore-dist-")
-    base_env = dict(os.environ)
-    base_env.update(env or {})
-    paths = list(pythonpath or []) + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_env = child_env({**os.environ, **(env or {})})  # the ranks import harness.dist
+    paths = list(pythonpath or []) + [p for p in base_env["PYTHONPATH"].split(os.pathsep) if p]
     base_env["PYTHONPATH"] = os.pathsep.join(paths)
     base_env.setdefault("OMP_NUM_THREADS", "1")
     procs = []
@@ -63,7 +64,7 @@ def run_ranks(target: str, world: int, args: dict | None = None, *, timeout_s: f
                  TRAINSTORE_DIST_OUT=os.path.join(tmp, f"rank{rank}.json"),
                  TRAINSTORE_DIST_PG_TIMEOUT=str(pg_timeout_s))
         errf = open(os.path.join(tmp, f"rank{rank}.err"), "w+b")  # noqa: SIM115 - closed below
-        p = subprocess.Popen([sys.executable, "-c", "from trainstore.testing.dist import _rank_main; _rank_main()"],
+        p = subprocess.Popen([sys.executable, "-c", "from harness.dist import _rank_main; _rank_main()"],
                              env=e, stdout=subprocess.DEVNULL, stderr=errf)
         procs.append((p, errf, time.monotonic()))
     deadline = time.monotonic() + timeout_s
