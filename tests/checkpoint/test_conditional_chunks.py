@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
 
     root, me, other, codec, level, dtype, rounds = sys.argv[1:8]
     level, rounds = int(level), int(rounds)
-    opts = WriteOptions(codec=codec, level=level, chunk_bytes=64 << 10, raw_above=1.0, workers=4,
+    opts = WriteOptions(codec=codec, level=level, chunk_bytes=64 << 10, raw_above=1.0, workers=4, pack_below=0,
                         max_inflight_bytes=1 << 20)
 
     def content(r):

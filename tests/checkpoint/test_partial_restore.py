@@ -68,8 +68,8 @@ def test_model_only_with_a_fresh_optimizer(saved):
                                                                     "optim/state/2/momentum_buffer",
                                                                     "optim/state/3/momentum_buffer", "rng/seed"}
     m = mgr.manifest(10)
-    assert p.read_stored_bytes + p.skipped_stored_bytes == sum(
-        r.stored for t in m.tensors.values() for piece in t.chunks for r in piece.refs())
+    assert p.read_stored_bytes + p.skipped_stored_bytes == sum(  # a pack of small tensors counts once
+        r.stored for r in {r for t in m.tensors.values() for piece in t.chunks for r in piece.refs()})
     assert p.skipped_stored_bytes > 0 and "partial restore" in str(result)
 
 

@@ -17,7 +17,7 @@ from trainstore.lifecycle.redundancy import Redundancy, RedundancyPolicy
 from trainstore.lifecycle.registry import Registry
 from trainstore.lifecycle.retention import delete_checkpoint
 
-SMALL = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2, nice=0)
+SMALL = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2, nice=0, pack_below=0)  # chunk sharing, not packs
 FULL = CheckpointPolicy(full_every=1, incremental_every=None)
 FROZEN = np.arange(2048, dtype=np.int32)  # 8 KiB: two chunks every checkpoint shares
 

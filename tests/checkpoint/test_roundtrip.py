@@ -121,10 +121,11 @@ def test_frozen_params_cost_nothing_in_incremental(tmp_path):
 def test_incremental_without_base_in_memory_reads_store(tmp_path):
     pol = CheckpointPolicy(full_every=10, incremental_every=1, keep_base_in_memory=False)
     w = torch.randn(4096)
-    with CheckpointManager(str(tmp_path), job="j", policy=pol, options=SMALL) as mgr:
+    opts = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 20, pack_below=0)  # XOR deltas: not packed
+    with CheckpointManager(str(tmp_path), job="j", policy=pol, options=opts) as mgr:
         mgr.save(0, {"w": w}, blocking=True)
     w2 = w + 1e-4
-    with CheckpointManager(str(tmp_path), job="j", policy=pol, options=SMALL) as mgr:  # fresh process-like
+    with CheckpointManager(str(tmp_path), job="j", policy=pol, options=opts) as mgr:  # fresh process-like
         mgr.save(1, {"w": w2}, blocking=True)
         assert mgr.manifest(1).kind == "incremental"
         assert any(c.is_delta for c in mgr.manifest(1).tensors["w"].chunks)

@@ -27,7 +27,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ import numpy as np
 from ..chunks import ChunkRef, ChunkStore, content_hash
 from ..codecs import encode
 from .manifest import ChunkEntry
+from .packs import build_pack
 
 #: Try the plain codec too when the XOR delta compresses worse than this fraction of raw.
 #: (AdamW moments change completely between checkpoints: their XOR deltas compress to ~0.75 of
@@ -139,10 +140,10 @@ class PieceEncoder:
         n = data.nbytes
         with self.cpu:
             h = content_hash(data)
-        if base.base is None and base.ref.hash == h and base.ref.size == n:
-            return PieceResult(ChunkEntry(base.ref, same_as_base=True), 0, 0)
-        if base.base is not None or base.ref.size != n:
-            return self._plain_incremental(data, itemsize, h)
+        if base.base is None and base.logical_hash() == h and base.size == n:
+            return PieceResult(replace(base, same_as_base=True), 0, 0)
+        if base.base is not None or base.span is not None or base.ref.size != n:
+            return self._plain_incremental(data, itemsize, h)  # (a packed base piece: no XOR inside packs)
         base_view = base_bytes()  # may read the base chunk from the store: outside the gate
         with self.cpu:
             delta = memoryview(xor_into(data, base_view, scratch(n)))
@@ -157,6 +158,35 @@ class PieceEncoder:
         codec = self.delta_codec if r_delta <= self.incompressible_ratio else "raw"
         ref, written = self._put(delta, codec, itemsize, delta_hash)
         return PieceResult(ChunkEntry(ref, base.ref, h), written, ref.stored)
+
+    # -- packs of small tensors (packs.py) --------------------------------------------------
+    def pack(self, members: list[tuple[memoryview, ChunkEntry | None]], itemsize: int,
+             incremental: bool) -> list[PieceResult]:
+        """Store small tensors (``(bytes, base piece or None)``) as one pack chunk.
+
+        A member equal to its base piece (hash) becomes a same-as-base reference; the others
+        are packed together (full: the full codec; incremental: the delta codec). The pack's
+        written and owned bytes are counted on its first member."""
+        with self.cpu:
+            hashes = [content_hash(v) for v, _ in members]
+        results: list[PieceResult | None] = [None] * len(members)
+        fresh = []
+        for i, ((v, base), h) in enumerate(zip(members, hashes)):
+            if base is not None and base.base is None and base.size == v.nbytes and base.logical_hash() == h:
+                results[i] = PieceResult(replace(base, same_as_base=True), 0, 0)
+            else:
+                fresh.append(i)
+        if fresh:
+            with self.cpu:
+                buf, spans = build_pack([members[i][0] for i in fresh])
+            if incremental:
+                r = self.plain(memoryview(buf), itemsize, codec=self.delta_codec, raw_above=self.incompressible_ratio)
+            else:
+                r = self.plain(memoryview(buf), itemsize)
+            for k, (i, span) in enumerate(zip(fresh, spans)):
+                entry = ChunkEntry(r.entry.ref, content_hash=hashes[i], span=span)
+                results[i] = PieceResult(entry, r.written if k == 0 else 0, r.owned if k == 0 else 0)
+        return results  # type: ignore[return-value]
 
     def _plain_incremental(self, data: memoryview, itemsize: int, h: str, ratio: float | None = None) -> PieceResult:
         if ratio is not None:  # already sampled

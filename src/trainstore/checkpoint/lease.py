@@ -44,6 +44,7 @@ from ..store import open_store
 from ..store.base import Store
 from ..sweeps import CLOCK_SKEW_S, load_json, put_json
 from . import manifest as mf
+from .packs import rebuild_pack
 
 log = logging.getLogger("trainstore.checkpoint.lease")
 
@@ -218,6 +219,7 @@ def _ensure_chunks(chunks: ChunkStore, manifest: mf.Manifest, pieces: dict[str, 
     restored = 0
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainstore-gc-check") as pool:
         found = list(pool.map(lambda e: tuple(exists(r) for r in e[2].refs()), entries))
+    lost_packs: dict[ChunkRef, list[tuple[mf.ChunkEntry, memoryview]]] = {}
     for (name, pos, piece), here in zip(entries, found):
         if all(here):
             continue
@@ -225,8 +227,14 @@ def _ensure_chunks(chunks: ChunkStore, manifest: mf.Manifest, pieces: dict[str, 
         if raw is None or raw.nbytes != piece.size:
             raise IntegrityError(f"checkpoint {manifest.job} step {manifest.step}: chunk(s) of tensor {name!r} were "
                                  "deleted by a concurrent gc sweep and the saved bytes are not available to rewrite")
+        if piece.span is not None:  # a pack: rebuilt from all its members below
+            lost_packs.setdefault(piece.ref, []).append((piece, raw))
+            continue
         restored += sum(1 for h in here if not h)
         _rewrite(chunks, piece, raw, here)
+    for ref, members in lost_packs.items():
+        _put_exact(chunks, ref, rebuild_pack(chunks, ref, members))
+        restored += 1
     return restored
 
 

@@ -3,10 +3,12 @@
 The layout (keys, listing) is in ``layout.py``: a checkpoint exists only once its
 ``manifest.json`` is committed, after every chunk it names is durable.
 
-Manifest JSON (``format: "trainstore.checkpoint/1"``)::
+Manifest JSON (``format: "trainstore.checkpoint/2"``; ``/1`` when it holds no packed entry,
+so such checkpoints stay readable by older versions; a newer version than ``FORMAT_VERSION``
+is refused with a clear error)::
 
     {
-      "format": "trainstore.checkpoint/1",
+      "format": "trainstore.checkpoint/2",
       "job": "run-1", "step": 1200, "kind": "full" | "incremental",
       "base_step": null | 1000,              # incremental: the FULL checkpoint deltas refer to
       "chunk_bytes": 8388608,                # how tensors were cut (raw bytes per chunk)
@@ -29,6 +31,10 @@ A CHUNK is one of:
   of the base checkpoint, then ``"same": true``);
 * ``{"delta": REF, "base": BASEREF, "hash": H}``: the piece is ``decode(REF) XOR decode(BASEREF)``,
   where BASEREF is the same piece of the base full checkpoint; H is the BLAKE3 of the result.
+* ``{"pack": REF, "at": [OFFSET, LENGTH], "hash": H}`` (format 2): the piece is bytes
+  ``[OFFSET, OFFSET + LENGTH)`` of the pack chunk REF, which holds several small tensors
+  (``packs.py``); H is the BLAKE3 of the piece, so one tensor is read (a range) and verified
+  alone. ``"same": true`` when it is the base checkpoint's identical packed piece.
 
 REF is ``ChunkRef.to_json()``: ``[hash, codec, raw size, stored size, itemsize]``.
 
@@ -62,7 +68,11 @@ from .layout import (  # re-exported: callers reach the layout through this modu
     verify_key,
 )
 
-FORMAT = "trainstore.checkpoint/1"
+FORMAT_NAME = "trainstore.checkpoint"
+#: The newest manifest format this code reads and writes (2: packed pieces).
+FORMAT_VERSION = 2
+FORMAT = f"{FORMAT_NAME}/{FORMAT_VERSION}"
+FORMAT_V1 = f"{FORMAT_NAME}/1"
 KINDS = ("full", "incremental")
 _MAX_MANIFEST_BYTES = 256 << 20
 
@@ -72,27 +82,39 @@ _MAX_MANIFEST_BYTES = 256 << 20
 class ChunkEntry:
     """One piece of a tensor: a plain chunk, or an XOR delta against the base's chunk."""
 
-    ref: ChunkRef  # the stored chunk (the delta, for a delta entry)
+    ref: ChunkRef  # the stored chunk (the delta, for a delta entry; the pack, for a packed one)
     base: ChunkRef | None = None  # set for XOR deltas: the base full checkpoint's chunk
-    content_hash: str | None = None  # BLAKE3 of the reconstructed piece (deltas)
-    same_as_base: bool = False  # ref is the base checkpoint's identical chunk
+    content_hash: str | None = None  # BLAKE3 of the piece (deltas, packed pieces)
+    same_as_base: bool = False  # ref is the base checkpoint's identical chunk (or pack)
+    span: tuple[int, int] | None = None  # packed: (offset, length) of the piece in the pack's raw bytes
 
     @property
     def size(self) -> int:
-        return self.ref.size
+        return self.span[1] if self.span is not None else self.ref.size
 
     @property
     def is_delta(self) -> bool:
         return self.base is not None
 
+    @property
+    def is_packed(self) -> bool:
+        return self.span is not None
+
     def logical_hash(self) -> str:
         """BLAKE3 of the piece's raw bytes."""
-        return self.content_hash if self.base is not None else self.ref.hash  # type: ignore[return-value]
+        if self.base is not None or self.span is not None:
+            return self.content_hash  # type: ignore[return-value]
+        return self.ref.hash
 
     def refs(self) -> tuple[ChunkRef, ...]:
         return (self.ref,) if self.base is None else (self.ref, self.base)
 
     def to_json(self) -> dict:
+        if self.span is not None:
+            packed: dict[str, Any] = {"pack": self.ref.to_json(), "at": list(self.span), "hash": self.content_hash}
+            if self.same_as_base:
+                packed["same"] = True
+            return packed
         if self.base is None:
             out: dict[str, Any] = {"ref": self.ref.to_json()}
             if self.same_as_base:
@@ -106,6 +128,8 @@ class ChunkEntry:
             raise ManifestError(f"chunk entry must be an object, got {type(obj).__name__}")
         if "ref" in obj:
             return cls(ChunkRef.from_json(obj["ref"]), same_as_base=bool(obj.get("same", False)))
+        if "pack" in obj:
+            return cls._packed_from_json(obj)
         if "delta" in obj and "base" in obj:
             ref, base = ChunkRef.from_json(obj["delta"]), ChunkRef.from_json(obj["base"])
             h = obj.get("hash")
@@ -114,7 +138,22 @@ class ChunkEntry:
             if ref.size != base.size:
                 raise ManifestError(f"delta chunk {ref.hash[:12]} is {ref.size} bytes, its base {base.size}")
             return cls(ref, base, h)
-        raise ManifestError(f"chunk entry needs 'ref' or 'delta'+'base', got keys {sorted(obj)[:5]}")
+        raise ManifestError(f"chunk entry needs 'ref', 'pack' or 'delta'+'base', got keys {sorted(obj)[:5]}")
+
+    @classmethod
+    def _packed_from_json(cls, obj: dict) -> ChunkEntry:
+        ref = ChunkRef.from_json(obj["pack"])
+        at, h = obj.get("at"), obj.get("hash")
+        if not (isinstance(at, list) and len(at) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in at)):
+            raise ManifestError(f"packed chunk entry in {ref.hash[:12]}: 'at' must be [offset, length], got {at!r:.80}")
+        offset, length = at
+        if offset + length > ref.size:
+            raise ManifestError(f"packed chunk entry [{offset}, {offset + length}) lies outside its "
+                                f"{ref.size}-byte pack {ref.hash[:12]}")
+        if not (isinstance(h, str) and len(h) == HASH_HEX_LEN):
+            raise ManifestError(f"packed chunk entry in {ref.hash[:12]} has a malformed content hash {h!r:.80}")
+        return cls(ref, content_hash=h, same_as_base=bool(obj.get("same", False)), span=(offset, length))
 
 
 @dataclass(frozen=True)
@@ -182,8 +221,9 @@ class Manifest:
         return manifest_key(self.job, self.step)
 
     def to_json(self) -> dict:
+        packed = any(c.span is not None for t in self.tensors.values() for c in t.chunks)
         return {
-            "format": FORMAT,
+            "format": FORMAT if packed else FORMAT_V1,  # /1 readers can read what has no packs
             "job": self.job,
             "step": self.step,
             "kind": self.kind,
@@ -206,8 +246,7 @@ class Manifest:
     def from_json(cls, obj: Any, where: str = "") -> Manifest:
         if not isinstance(obj, dict):
             raise ManifestError(f"checkpoint manifest {where}: not a JSON object")
-        if obj.get("format") != FORMAT:
-            raise ManifestError(f"checkpoint manifest {where}: unknown format {obj.get('format')!r:.60}")
+        check_format(obj.get("format"), where)
         try:
             job, step, kind = check_job(obj.get("job")), check_step(obj.get("step")), obj.get("kind")
         except ConfigError as exc:
@@ -247,6 +286,18 @@ class Manifest:
             raise ManifestError(f"checkpoint manifest {where} is not valid JSON (truncated?): {exc}") from None
         check_checksum(obj, f"checkpoint manifest {where}")
         return cls.from_json(obj, where)
+
+
+def check_format(fmt: Any, where: str = "") -> int:
+    """The version of a manifest's ``format`` string; ``ManifestError`` if it is not a
+    trainstore checkpoint or is newer than this code reads (upgrade trainstore to read it)."""
+    name, _, version = fmt.rpartition("/") if isinstance(fmt, str) else ("", "", "")
+    if name != FORMAT_NAME or not version.isdigit() or int(version) < 1:
+        raise ManifestError(f"checkpoint manifest {where}: unknown format {fmt!r:.60}")
+    if int(version) > FORMAT_VERSION:
+        raise ManifestError(f"checkpoint manifest {where}: format version {int(version)} is newer than this "
+                            f"trainstore reads (up to {FORMAT_VERSION}); upgrade trainstore to restore it")
+    return int(version)
 
 
 def _canonical(obj: dict) -> bytes:
@@ -367,7 +418,7 @@ def new_verify_record(step: int, deep: bool, errors: list[str], chunks_checked: 
 
 
 __all__ = [
-    "FORMAT", "KINDS", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "job_prefix", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
+    "FORMAT", "FORMAT_VERSION", "FORMAT_V1", "check_format", "KINDS", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "job_prefix", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
     "check_job", "check_step", "checkpoints_prefix", "step_prefix", "manifest_key", "verify_key",
     "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest",
     "list_manifests", "commit_manifest", "write_verify_record", "load_verify_record",

@@ -40,6 +40,7 @@ from ..errors import (
 )
 from .delta import scratch, xor_into
 from .manifest import Manifest, TensorEntry
+from .packs import PackRead, group_packed, read_pack
 from .state import PARTIAL_KEY, flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten
 
 try:
@@ -126,11 +127,17 @@ def _read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool
         raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
 
 
-def _read_piece(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None:
-    """Read one piece into ``out``; a chunk that does not exist raises ``ChunkMissingError``
-    (an integrity failure of the checkpoint, unlike e.g. an I/O error)."""
+def _read_piece(chunks: ChunkStore, entry: Any, out: Any) -> None:
+    """Read one piece into ``out`` (a ``PackRead``: its members into the list ``out``); a
+    chunk that does not exist raises ``ChunkMissingError`` (an integrity failure of the
+    checkpoint, unlike e.g. an I/O error)."""
     try:
-        _read_piece_checked(chunks, entry, out)
+        if isinstance(entry, PackRead):
+            read_pack(chunks, entry, out, _get_into)
+        elif entry.span is not None:  # one packed piece alone
+            read_pack(chunks, PackRead(entry.ref, (entry,)), [out], _get_into)
+        else:
+            _read_piece_checked(chunks, entry, out)
     except NotFoundError as exc:
         if isinstance(exc, IntegrityError):
             raise
@@ -200,7 +207,7 @@ def _run(workers: int, fn: Any, tasks: list[tuple[Any, ...]]) -> None:
 
 
 def _fill(chunks: ChunkStore, jobs: list[tuple[TensorEntry, np.ndarray]], workers: int) -> None:
-    tasks = [(p, d) for entry, dst in jobs for p, d in _pieces(entry, dst)]
+    tasks = group_packed([(p, d) for entry, dst in jobs for p, d in _pieces(entry, dst)])
     _run(workers, lambda p, d: _read_piece(chunks, p, d), tasks)
 
 
@@ -334,6 +341,7 @@ def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int 
     # pass 1: read and verify everything; the target is untouched until this returns
     tasks = [(p, d) for entry, dst in fill_jobs for p, d in _pieces(entry, dst)]
     tasks += [(p, None) for entry, dst in twice for p, _ in _pieces(entry, dst)]
+    tasks = group_packed(tasks)  # members of one pack: one task (a PackRead, its list of dsts)
     _run(workers, lambda p, d: _read_piece(chunks, p, d) if d is not None else _check_piece(chunks, p, None), tasks)
     # pass 2: write the target
     for buf, direct in staged:

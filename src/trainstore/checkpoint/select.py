@@ -138,7 +138,7 @@ def _join(path: str, part: Any) -> str:
 
 
 def _stored(entries: Any) -> int:
-    return sum(r.stored for e in entries for piece in e.chunks for r in piece.refs())
+    return sum(r.stored for r in {r for e in entries for piece in e.chunks for r in piece.refs()})  # a pack once
 
 
 __all__ = ["PartialReport", "Selection", "prune"]

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 from ..bytebudget import ByteBudget
 from ..chunks import ChunkStore
-from ..codecs import check_codec
+from ..codecs import MAX_CHUNK_BYTES, check_codec
 from ..errors import ConfigError
 from .delta import PieceEncoder, PieceResult
 from .manifest import ChunkEntry, TensorEntry
+from .packs import pack_group, plan_packs
 from .staging import StagedTensor
 
 
@@ -46,6 +47,10 @@ class WriteOptions:
     save); the default, half the usable cores (at least 1, at most 8), leaves the rest to
     training and the data loader. Raise it when time until durable matters more.
 
+    ``pack_below``: tensors smaller than this (bytes, > 0) are packed together into chunks of
+    up to ``pack_bytes`` (``packs.py``: one object and one fsync per pack instead of per
+    tensor; each tensor keeps its own hash). 0: every tensor is its own chunk(s).
+
     ``nice``: background threads raise their niceness by this much. The default 0 favours
     time until durable; set e.g. 10 when training throughput matters more than how soon a
     checkpoint is safe (docs/checkpoints.md, "Performance trade-offs").
@@ -62,6 +67,8 @@ class WriteOptions:
     incompressible_ratio: float = 0.97
     raw_above: float = 0.9
     nice: int = 0
+    pack_below: int = 1 << 20
+    pack_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         check_codec(self.codec)
@@ -78,6 +85,10 @@ class WriteOptions:
             raise ConfigError("incompressible_ratio must be in (0, 1]")
         if not 0.0 < self.raw_above <= 1.0:
             raise ConfigError("raw_above must be in (0, 1]")
+        if self.pack_below < 0 or self.pack_below > self.pack_bytes:
+            raise ConfigError(f"pack_below must be in [0, pack_bytes={self.pack_bytes}], got {self.pack_below}")
+        if not 4096 <= self.pack_bytes <= MAX_CHUNK_BYTES:
+            raise ConfigError(f"pack_bytes must be in [4 KiB, {MAX_CHUNK_BYTES}], got {self.pack_bytes}")
 
 
 def default_cpu_threads() -> int:
@@ -135,10 +146,26 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
         entry, raw = found
         return enc.against_base(data, t.itemsize, entry, raw)
 
+    def pack_work(members: list[StagedTensor]) -> list[PieceResult]:
+        found = [base(t.name, t.dtype, 0, t.data.nbytes) if base is not None else None for t in members]
+        return enc.pack([(t.data, f[0] if f is not None else None) for t, f in zip(members, found)],
+                        members[0].itemsize, incremental=base is not None)
+
+    small = [t for t in staged if 0 < t.data.nbytes < opts.pack_below]
+    packed = {t.name for t in small}
+    pack_futs: dict[str, tuple[Future[list[PieceResult]], int]] = {}  # tensor -> (its pack's future, index)
     with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-ckpt-write",
                             initializer=lower_thread_priority, initargs=(opts.nice,)) as pool:
         try:
+            for members in plan_packs(((t, t.data.nbytes, pack_group(t.name, t.itemsize)) for t in small),
+                                      opts.pack_bytes):
+                pfut = budget.submit(pool, sum(t.data.nbytes for t in members), pack_work, members)
+                pending.add(pfut)
+                for i, t in enumerate(members):
+                    pack_futs[t.name] = (pfut, i)
             for t in staged:
+                if t.name in packed:
+                    continue
                 futs: list[Future[PieceResult] | None] = []
                 results[t.name] = futs
                 n = t.data.nbytes
@@ -164,7 +191,11 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
 
     entries: dict[str, TensorEntry] = {}
     for t in staged:
-        pieces = [f.result() for f in results[t.name]]  # type: ignore[union-attr]
+        if t.name in pack_futs:
+            pfut, i = pack_futs[t.name]
+            pieces = [pfut.result()[i]]
+        else:
+            pieces = [f.result() for f in results[t.name]]  # type: ignore[union-attr]
         for p in pieces:
             stats.pieces += 1
             stats.written_bytes += p.written

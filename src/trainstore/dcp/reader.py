@@ -30,6 +30,7 @@ from torch.futures import Future
 
 from ..checkpoint import manifest as mf
 from ..checkpoint.manifest import Manifest, TensorEntry
+from ..checkpoint.packs import group_packed
 from ..checkpoint.reader import _read_piece
 from ..checkpoint.state import parse_numpy_dtype, parse_torch_dtype, unflatten
 from ..chunks import ChunkStore
@@ -253,6 +254,7 @@ class StorageReader(_TorchStorageReader):
         if not tasks:
             return
         self.bytes_read += sum(p.size for p, _ in tasks)
+        tasks = group_packed(tasks)  # small tensors of one pack: one read of the pack
         if len(tasks) == 1:
             _read_piece(self.chunks, *tasks[0])
             return
