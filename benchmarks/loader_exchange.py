@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -24,32 +23,11 @@ import numpy as np
 from trainstore import open_store
 from trainstore.data import Dataset, Loader
 from trainstore.data.serve import write_arrow_dataset
-from trainstore.store.base import ReadOnlyStore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the test harness: harness.dist, harness.counting
 
-
-class CountingStore(ReadOnlyStore):
-    """Reads pass through; ``bytes_read`` counts the bytes the object store returned."""
-
-    def __init__(self, inner) -> None:
-        super().__init__(inner)
-        self.bytes_read = 0
-        self._lock = threading.Lock()
-
-    def _count(self, data):
-        with self._lock:
-            self.bytes_read += memoryview(data).nbytes
-        return data
-
-    def get(self, key):
-        return self._count(self.inner.get(key))
-
-    def get_range(self, key, start, length):
-        return self._count(self.inner.get_range(key, start, length))
-
-    def get_ranges(self, key, ranges):
-        return [self._count(b) for b in self.inner.get_ranges(key, ranges)]
+from harness.counting import CountingStore  # noqa: E402
 
 
 def rank_run(rank: int, world: int, args: dict) -> dict:
@@ -74,7 +52,6 @@ def rank_run(rank: int, world: int, args: dict) -> dict:
 
 
 def main() -> None:
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the test harness: harness.dist
     from harness.dist import run_ranks  # noqa: PLC0415 - benchmark-only harness
 
     from trainstore.testing.s3server import start_s3_server  # noqa: PLC0415

@@ -5,34 +5,10 @@ Each rank is a "node": its own node-cache directory, its own counting view of th
 
 from __future__ import annotations
 
-import threading
+from harness.counting import CountingStore
 
 from trainstore import open_store
 from trainstore.data import Dataset, Loader
-from trainstore.store.base import ReadOnlyStore
-
-
-class CountingStore(ReadOnlyStore):
-    """Reads pass through to the object store; ``bytes_read`` counts every byte they return."""
-
-    def __init__(self, inner) -> None:
-        super().__init__(inner)
-        self.bytes_read = 0
-        self._lock = threading.Lock()
-
-    def _count(self, data):
-        with self._lock:
-            self.bytes_read += memoryview(data).nbytes
-        return data
-
-    def get(self, key):
-        return self._count(self.inner.get(key))
-
-    def get_range(self, key, start, length):
-        return self._count(self.inner.get_range(key, start, length))
-
-    def get_ranges(self, key, ranges):
-        return [self._count(b) for b in self.inner.get_ranges(key, ranges)]
 
 
 def open_loader(args: dict, rank: int, world: int, exchange: bool) -> tuple[Loader, CountingStore]:
