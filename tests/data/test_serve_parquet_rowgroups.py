@@ -3,12 +3,11 @@ group decoded once from the cached file, corrupt row groups named, remote reads 
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from harness.counting import CountingStore
 
 from trainstore import open_store
 from trainstore.chunks import content_hash
@@ -17,34 +16,10 @@ from trainstore.data.layouts import PARQUET
 from trainstore.data.serve import write_arrow_dataset
 from trainstore.data.versions import ShardInfo, derive, shards_prefix
 from trainstore.errors import IntegrityError
-from trainstore.store.base import ReadOnlyStore
 
 pytestmark = pytest.mark.timeout(120)
 
 ROWS, PER_SHARD, PER_GROUP, WIDTH = 240, 60, 15, 64
-
-
-class CountingStore(ReadOnlyStore):
-    """Reads pass through; ``bytes_read`` counts every byte the store returns."""
-
-    def __init__(self, inner) -> None:
-        super().__init__(inner)
-        self.bytes_read = 0
-        self._lock = threading.Lock()
-
-    def _count(self, data):
-        with self._lock:
-            self.bytes_read += memoryview(data).nbytes
-        return data
-
-    def get(self, key):
-        return self._count(self.inner.get(key))
-
-    def get_range(self, key, start, length):
-        return self._count(self.inner.get_range(key, start, length))
-
-    def get_ranges(self, key, ranges):
-        return [self._count(b) for b in self.inner.get_ranges(key, ranges)]
 
 
 def _table(rows: int = ROWS, width: int = WIDTH) -> pa.Table:
