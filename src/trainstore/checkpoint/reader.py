@@ -1,6 +1,9 @@
 """Restore: decode a manifest's chunks straight into destination tensor memory.
 
-Every piece is read through ``ChunkStore.get`` (length check, decode, BLAKE3 re-hash); XOR
+Fresh destinations are allocated once at their final size (``hostmem``: huge pages, 4 KiB
+aligned, for tensors of 2 MiB and more) and every piece is read straight into its slice
+(``chunkread.get_into``: ``preadv`` / ``O_DIRECT`` for raw pieces, hashed as read; the checks
+of ``ChunkStore.get``: length, decode, BLAKE3 re-hash); XOR
 deltas are decoded into the destination, the base chunk into a per-thread scratch buffer,
 XORed in place and checked against the piece's recorded hash. Pieces are decoded in
 parallel on a thread pool (the zstd codecs and BLAKE3 release the GIL).
@@ -17,16 +20,13 @@ CUDA and non-contiguous targets always go through a host buffer and ``copy_``.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import blake3
 import numpy as np
 
-from ..chunks import ChunkRef, ChunkStore, content_hash
-from ..codecs import decode
+from ..chunks import ChunkStore, content_hash
 from ..errors import (
     CapacityError,
     ChunkCorruptError,
@@ -36,8 +36,9 @@ from ..errors import (
     ManifestError,
     NotFoundError,
     RestoreIncompleteError,
-    StoreError,
 )
+from ..hostmem import HUGE_PAGE, empty_array, empty_tensor
+from .chunkread import get_into as _get_into
 from .delta import scratch, xor_into
 from .manifest import Manifest, TensorEntry
 from .packs import PackRead, group_packed, read_pack
@@ -52,79 +53,12 @@ except ImportError:  # pragma: no cover
 _tls = threading.local()
 
 
-#: Raw chunks are read and hashed in blocks of this size: each block is hashed while it is
-#: still in the CPU cache, instead of a second pass over the whole chunk in memory.
-READ_BLOCK = 1 << 20
 #: ``restore_into`` holds at most this many bytes of decoded, verified tensors before copying
 #: them into the target; tensors past it are verified first and read a second time.
 SCRATCH_BYTES = 1 << 30
-#: Block threads for blosc2 chunks (shuffle-lz4, legacy zstd): blosc2 holds the GIL, so pool
-#: threads serialize on it while its own threads run in parallel. The zstd codecs release the
-#: GIL and decode on the pool threads themselves.
-DECODE_THREADS = 2
-
-
-def _get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool = True) -> None:
-    """``ChunkStore.get(ref, out=out)``, without fresh allocations on a local store.
-
-    Local chunk files are read with ``readinto`` straight into ``out`` (raw: hashed block by
-    block as they arrive) or into a per-thread reusable buffer (compressed), then decoded
-    into ``out`` and re-hashed: the same checks as ``ChunkStore.get`` (stored length,
-    decode, BLAKE3). ``verify=False`` skips only the hash (the caller checks a hash over
-    what it builds from this chunk, as ``_read_piece`` does for XOR deltas). A bad local
-    copy is repaired like in ``ChunkStore.get`` (another tier, a replica); one that vanished
-    (evicted) is read through the store.
-    """
-    path = chunks.store.local_path(ref.key(chunks.prefix))
-    if path is None:
-        chunks.get(ref, out=out)
-        return
-    try:
-        _read_local(chunks, ref, out, verify, path)
-    except ChunkCorruptError as exc:
-        chunks.recover(ref, out, exc)
-    except NotFoundError:
-        chunks.get(ref, out=out)
-
-
-def _read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool, path: str) -> None:
-    """The local fast path of ``_get_into`` (no repair)."""
-    key = ref.key(chunks.prefix)
-    hasher = blake3.blake3() if ref.codec == "raw" and verify else None
-    try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > ref.max_stored:  # any writer's copy of the name is valid (ChunkRef.max_stored)
-                raise ChunkCorruptError(f"chunk {key}: {size} bytes stored, more than a {ref.size}-byte chunk can take")
-            if ref.codec == "raw":
-                if size != out.nbytes:
-                    raise ChunkCorruptError(f"chunk {key}: {size} bytes stored, {out.nbytes} expected")
-                dst = out
-            else:
-                buf = getattr(_tls, "buf", None)
-                if buf is None or buf.nbytes < size:
-                    buf = np.zeros(max(size, 1 << 20), dtype=np.uint8)
-                    _tls.buf = buf
-                dst = memoryview(buf[:size])
-            got = 0
-            while got < size:
-                n = f.readinto(dst[got:min(size, got + READ_BLOCK)] if hasher is not None else dst[got:])
-                if not n:
-                    raise ChunkCorruptError(f"chunk {key}: shorter than {size} bytes")
-                if hasher is not None:
-                    hasher.update(dst[got:got + n])
-                got += n
-    except FileNotFoundError:
-        raise NotFoundError(f"no object {key!r} in {chunks.store.url}") from None
-    except OSError as exc:
-        raise StoreError(f"I/O error while reading {key!r}: {exc}") from exc
-    if ref.codec != "raw":
-        decode(dst, ref.codec, ref.size, key=key, out=out, threads=max(chunks.codec.threads, DECODE_THREADS))
-    if not verify:
-        return
-    digest = hasher.hexdigest() if hasher is not None else content_hash(out)
-    if digest != ref.hash:
-        raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
+#: Fresh destinations of at least this many bytes get their own huge-page, 4 KiB-aligned
+#: ``hostmem`` mapping (one fault per 2 MiB, ``O_DIRECT``-ready); smaller ones ``torch.empty``.
+HOSTMEM_MIN_BYTES = HUGE_PAGE
 
 
 def _read_piece(chunks: ChunkStore, entry: Any, out: Any) -> None:
@@ -223,7 +157,7 @@ def _check_size(entry: TensorEntry, itemsize: int) -> None:
 def _alloc(fn: Any, entry: TensorEntry) -> Any:
     try:
         return fn()
-    except (RuntimeError, MemoryError, ValueError) as exc:
+    except (RuntimeError, MemoryError, ValueError, OSError) as exc:  # OSError: mmap ENOMEM
         raise CapacityError(f"cannot allocate {entry.nbytes} bytes for a {entry.dtype} tensor of shape "
                             f"{list(entry.shape)[:8]}: {str(exc)[:120]}") from None
 
@@ -233,14 +167,16 @@ def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
     if entry.dtype.startswith("torch."):
         dtype = parse_torch_dtype(entry.dtype)
         _check_size(entry, dtype.itemsize)
-        t = _alloc(lambda: torch.empty(entry.shape, dtype=dtype), entry)
+        t = _alloc(lambda: empty_tensor(tuple(entry.shape), dtype) if entry.nbytes >= HOSTMEM_MIN_BYTES
+                   else torch.empty(entry.shape, dtype=dtype), entry)
         nbytes = t.numel() * t.element_size()
         if nbytes != entry.nbytes:
             raise ManifestError(f"tensor of shape {entry.shape} {entry.dtype} is {nbytes} bytes, manifest says {entry.nbytes}")
         return t, (t.reshape(-1).view(torch.uint8).numpy() if nbytes else np.empty(0, np.uint8))
     np_dtype = parse_numpy_dtype(entry.dtype)
     _check_size(entry, np_dtype.itemsize)
-    a = _alloc(lambda: np.empty(entry.shape, dtype=np_dtype), entry)
+    a = _alloc(lambda: empty_array(tuple(entry.shape), np_dtype) if entry.nbytes >= HOSTMEM_MIN_BYTES
+               else np.empty(entry.shape, dtype=np_dtype), entry)
     if a.nbytes != entry.nbytes:
         raise ManifestError(f"array of shape {entry.shape} {entry.dtype} is {a.nbytes} bytes, manifest says {entry.nbytes}")
     return a, a.reshape(-1).view(np.uint8)
