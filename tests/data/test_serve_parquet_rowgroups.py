@@ -12,7 +12,7 @@ from harness.counting import CountingStore
 from trainstore import open_store
 from trainstore.chunks import content_hash
 from trainstore.data import Dataset, Loader
-from trainstore.data.layouts import PARQUET
+from trainstore.data.layouts import PARQUET, ROW_GROUP_BYTES
 from trainstore.data.serve import write_arrow_dataset
 from trainstore.data.versions import ShardInfo, derive, shards_prefix
 from trainstore.errors import IntegrityError
@@ -123,6 +123,10 @@ def test_trainstore_parquet_shards_carry_page_checksums(tmp_path):
     data = bytearray(PARQUET.encode(table, compression="none", row_group_size=PER_GROUP).to_pybytes())
     meta = pq.read_metadata(pa.BufferReader(bytes(data)))
     assert meta.num_row_groups == 60 // PER_GROUP
+    # floats are not dictionary-encoded (values do not repeat), other columns are
+    assert [meta.row_group(0).column(c).has_dictionary_page for c in range(3)] == [True, False, True]
+    big = _table(240, width=8192)  # 7.9 MB of Arrow data: two row groups of about ROW_GROUP_BYTES
+    assert big.nbytes > ROW_GROUP_BYTES and pq.read_metadata(pa.BufferReader(PARQUET.encode(big))).num_row_groups == 2
     checksum = content_hash(bytes(data))  # the manifest's: the durable copy rots after the commit
     _corrupt_value_in_group(data, meta, 1, "x")
     store = open_store(str(tmp_path / "s"))

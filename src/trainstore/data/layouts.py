@@ -108,6 +108,23 @@ def rows_per_group(table: pa.Table, target_bytes: int = ROW_GROUP_BYTES) -> int:
     return max(1, table.num_rows * target_bytes // table.nbytes)
 
 
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    while True:
+        if isinstance(t, pa.BaseExtensionType):
+            t = t.storage_type
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            t = t.value_type
+        else:
+            return t
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """Columns worth dictionary encoding: all but floating-point ones (tensors, embeddings),
+    whose values rarely repeat - there the writer's attempt only falls back to plain pages
+    after a dictionary page, larger files and several times slower decoding."""
+    return [f.name for f in schema if not pa.types.is_floating(_leaf_type(f.type))]
+
+
 class _ParquetFile(ShardFile):
     def __init__(self, source: ShardSource) -> None:
         self._file = pq.ParquetFile(_input(source, memory_map=False), memory_map=isinstance(source, str),
@@ -172,7 +189,8 @@ class ParquetLayout(ShardLayout):
             row_group_size = rows_per_group(table)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression=compression, compression_level=compression_level,
-                       row_group_size=row_group_size, write_page_checksum=True)
+                       row_group_size=row_group_size, write_page_checksum=True,
+                       use_dictionary=dictionary_columns(table.schema))
         return sink.getvalue()
 
     def open(self, source: ShardSource) -> ShardFile:
@@ -278,4 +296,4 @@ ARROW_IPC = register_layout(ArrowIpcLayout())
 ARROW_STREAM = register_layout(ArrowStreamLayout())
 
 __all__ = ["ARROW_IPC", "ARROW_STREAM", "PARQUET", "ROW_GROUP_BYTES", "ShardFile", "ShardLayout", "ShardSource", "get_layout", "layout_names",
-           "register_layout", "rows_per_group"]
+           "dictionary_columns", "register_layout", "rows_per_group"]

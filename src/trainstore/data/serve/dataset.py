@@ -197,7 +197,7 @@ class Dataset:
             pass
         self._open_budget = max(budget, self.max_shard_bytes)
         self._ranges = (ParquetRows(self.store, self.shards, self._specs, self._open_budget, self._footers,
-                                    window_floor=self.config.max_open_bytes is None)
+                                    window_floor=self.config.max_open_bytes is None, verify=self.config.verify)
                         if self.layout is PARQUET else None)
 
     def __getstate__(self) -> dict:
@@ -239,16 +239,17 @@ class Dataset:
             info = self.shards[shard]
             handle = self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes)
             try:
-                op: ServedShard = (
-                    self._ranges.open_cached(shard, handle, handle.path) if self._ranges is not None
+                opened: ServedShard = (
+                    self._ranges.open_cached(shard, handle, handle.path, hash_verified=bool(self._checksum(info)))
+                    if self._ranges is not None
                     else OpenShard(handle, handle.path, info, self.layout, self._specs))
             except BaseException:
                 handle.close()
                 raise
             with self._lock:
-                op.users = 1
-                self._open[shard] = op
-            return op
+                opened.users = 1
+                self._open[shard] = opened
+            return opened
         finally:
             with self._lock:
                 self._opening.discard(shard)
@@ -291,12 +292,15 @@ class Dataset:
             self._pressure_hooks.remove(hook)
 
     def close_shard(self, shard: int, evict: bool = False) -> None:
-        """Unpin ``shard`` if idle; with ``evict`` also drop it from the hot tier."""
+        """Unpin ``shard`` if idle (its decoded Parquet row groups become the first to be
+        dropped); with ``evict`` also drop it from the hot tier."""
         with self._lock:
             o = self._open.get(shard)
             if o is not None and o.users == 0:
                 del self._open[shard]
                 o.close()
+        if self._ranges is not None:  # done with this epoch: its decoded row groups go first
+            self._ranges.groups.demote(shard)
         if evict:
             self._cache.evict(self.shards[shard].key)
 

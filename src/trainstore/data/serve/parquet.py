@@ -43,8 +43,8 @@ FOOTER_PROBE = 64 << 10
 WINDOW_SHARDS = 4
 
 
-def _open_parquet(store: Store, key: str, size: int,
-                  footer: pq.FileMetaData | None = None) -> tuple[RangeFile, pq.ParquetFile]:
+def _open_parquet(store: Store, key: str, size: int, footer: pq.FileMetaData | None = None,
+                  verify: bool = True) -> tuple[RangeFile, pq.ParquetFile]:
     """Open ``key`` by ranges: one request for the tail unless its ``footer`` was read
     already; ``IntegrityError`` naming the file if it is not Parquet."""
     raw = RangeFile(store, key, size)
@@ -52,7 +52,7 @@ def _open_parquet(store: Store, key: str, size: int,
         if footer is None:
             tail = min(size, FOOTER_PROBE)
             raw.load([(size - tail, tail)])
-        return raw, pq.ParquetFile(pa.PythonFile(raw, mode="r"), metadata=footer, page_checksum_verification=True)
+        return raw, pq.ParquetFile(pa.PythonFile(raw, mode="r"), metadata=footer, page_checksum_verification=verify)
     except TrainstoreError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -95,8 +95,8 @@ def decoded_size(meta: pq.FileMetaData) -> int:
 class _RangedShard:
     """A shard read by byte ranges: its ``RangeFile`` and one lock (a file has one position)."""
 
-    def __init__(self, store: Store, info: ShardInfo, footer: pq.FileMetaData | None) -> None:
-        self.raw, self.file = _open_parquet(store, info.key, info.bytes, footer)
+    def __init__(self, store: Store, info: ShardInfo, footer: pq.FileMetaData | None, verify: bool) -> None:
+        self.raw, self.file = _open_parquet(store, info.key, info.bytes, footer, verify)
         self.lock = threading.Lock()
 
 
@@ -110,11 +110,11 @@ class ParquetRows:
 
     def __init__(self, store: Store, shards: Sequence[ShardInfo], specs: dict[str, ColumnSpec],
                  budget_bytes: int, footers: dict[str, pq.FileMetaData] | None = None, *,
-                 window_floor: bool = True) -> None:
+                 window_floor: bool = True, verify: bool = True) -> None:
         self.store, self.shards, self.specs = store, shards, specs
         self.footers = footers if footers is not None else {}
         self.groups = DecodedGroups(budget_bytes)
-        self.window_floor = window_floor
+        self.window_floor, self.verify = window_floor, verify
         self._starts: dict[int, np.ndarray] = {}
         self._ranged: dict[int, _RangedShard] = {}
         self._lock = threading.Lock()
@@ -174,9 +174,11 @@ class ParquetRows:
                 copy_rows(out[name], positions[sel], view, rows)
 
     # -- the cached file -------------------------------------------------------------------------
-    def open_cached(self, shard: int, handle: Any, path: str) -> CachedParquetShard:
+    def open_cached(self, shard: int, handle: Any, path: str, *, hash_verified: bool) -> CachedParquetShard:
         """Serve ``shard`` from its node-cache file ``path`` (pinned by ``handle``, closed
-        with the returned shard); the footer is parsed on the first open in this process."""
+        with the returned shard); the footer is parsed on the first open in this process.
+        ``hash_verified``: the file was checked against its BLAKE3 when filled, so page CRCs
+        are not checked again (only a file without a checksum relies on them)."""
         info = self.shards[shard]
         meta = self.footers.get(info.key)
         if meta is None or shard not in self._starts:
@@ -185,7 +187,7 @@ class ParquetRows:
             except (pa.ArrowException, OSError) as exc:
                 raise IntegrityError(f"{self.where(shard)}: not a readable Parquet file ({exc})") from None
             self._know(shard, meta)
-        return CachedParquetShard(self, shard, handle, path, meta)
+        return CachedParquetShard(self, shard, handle, path, meta, verify_pages=self.verify and not hash_verified)
 
     # -- byte ranges -----------------------------------------------------------------------------
     def _ranged_shard(self, shard: int) -> _RangedShard:
@@ -193,7 +195,7 @@ class ParquetRows:
             f = self._ranged.get(shard)
         if f is None:
             info = self.shards[shard]
-            f = _RangedShard(self.store, info, self.footers.get(info.key))
+            f = _RangedShard(self.store, info, self.footers.get(info.key), self.verify)
             self._know(shard, f.file.metadata)
             with self._lock:
                 f = self._ranged.setdefault(shard, f)
@@ -228,14 +230,16 @@ class CachedParquetShard:
     different row groups in parallel; ``close`` releases the pin, decoded groups stay cached.
     """
 
-    def __init__(self, rows: ParquetRows, shard: int, handle: Any, path: str, meta: pq.FileMetaData) -> None:
+    def __init__(self, rows: ParquetRows, shard: int, handle: Any, path: str, meta: pq.FileMetaData, *,
+                 verify_pages: bool) -> None:
         self.rows, self.shard, self.handle, self.path, self.meta = rows, shard, handle, path, meta
+        self.verify_pages = verify_pages
         self.info = rows.shards[shard]
         self.users = 0
 
     def _decode(self, group: int) -> tuple[GroupViews, int]:
         try:
-            file = pq.ParquetFile(self.path, metadata=self.meta, page_checksum_verification=True)
+            file = pq.ParquetFile(self.path, metadata=self.meta, page_checksum_verification=self.verify_pages)
         except (pa.ArrowException, OSError) as exc:
             raise IntegrityError(f"{self.rows.where(self.shard)}: not a readable Parquet file ({exc})") from None
         try:

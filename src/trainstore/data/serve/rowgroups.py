@@ -58,6 +58,12 @@ class DecodedGroups:
             self._groups.clear()
             self._held = 0
 
+    def demote(self, shard: int) -> None:
+        """Make ``shard``'s groups the first to go (its reader is done with it for now)."""
+        with self._lock:
+            for key in [k for k in self._groups if k[0] == shard]:
+                self._groups.move_to_end(key, last=False)
+
     def get(self, key: GroupKey, decode: Callable[[], tuple[GroupViews, int]]) -> GroupViews:
         """The views of group ``key``; ``decode()`` -> (views, bytes) runs if it is not held."""
         with self._lock:
