@@ -39,8 +39,10 @@ from .rowgroups import DecodedGroups, DecodeStats, GroupViews
 #: bytes fetched from the end of a file for its footer (one request for most files)
 FOOTER_PROBE = 64 << 10
 #: the decoded-group budget holds at least this many shards' decoded rows (a block-shuffle
-#: window at the loader's default ``block_shards``), unless ``max_open_bytes`` is set
-WINDOW_SHARDS = 4
+#: window at the loader's default ``block_shards``, plus the next window's first shard),
+#: unless ``max_open_bytes`` is set: an LRU under random access to a set just larger than
+#: itself re-decodes nearly every row's group
+WINDOW_SHARDS = 5
 
 
 def _open_parquet(store: Store, key: str, size: int, footer: pq.FileMetaData | None = None,
@@ -115,6 +117,8 @@ class ParquetRows:
         self.footers = footers if footers is not None else {}
         self.groups = DecodedGroups(budget_bytes)
         self.window_floor, self.verify = window_floor, verify
+        self._largest = 0  # the largest shard's uncompressed size (footer)
+        self._ratio = 1.0  # the largest decoded (Arrow) / uncompressed (Parquet) size seen
         self._starts: dict[int, np.ndarray] = {}
         self._ranged: dict[int, _RangedShard] = {}
         self._lock = threading.Lock()
@@ -138,9 +142,13 @@ class ParquetRows:
         with self._lock:
             self.footers[info.key] = meta
             self._starts[shard] = group_starts(meta)
-        if self.window_floor:
-            self.groups.raise_budget(WINDOW_SHARDS * decoded_size(meta))
+        self._largest = max(self._largest, decoded_size(meta))
+        self._raise_floor()
         return meta
+
+    def _raise_floor(self) -> None:
+        if self.window_floor:
+            self.groups.raise_budget(int(WINDOW_SHARDS * self._largest * self._ratio))
 
     def _views(self, shard: int, group: int, table: pa.Table) -> tuple[GroupViews, int]:
         key = self.shards[shard].key
@@ -152,6 +160,10 @@ class ParquetRows:
             table = file.read_row_group(group, columns=list(self.specs))
         except (pa.ArrowException, OSError) as exc:  # a damaged page, a page CRC mismatch
             raise IntegrityError(f"{self.where(shard)}: row group {group} does not decode ({exc})") from None
+        plain = file.metadata.row_group(group).total_byte_size
+        if plain and table.nbytes > plain * self._ratio:
+            self._ratio = table.nbytes / plain
+            self._raise_floor()
         return self._views(shard, group, table)
 
     # -- rows by row group, from either source ---------------------------------------------------
