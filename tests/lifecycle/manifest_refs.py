@@ -21,11 +21,12 @@ def raw_manifest(root: str, job: str, step: int) -> dict:
 
 
 def needed_chunks(manifest: dict) -> set[str]:
-    """Every chunk key a manifest's pieces name: plain ``ref``s, XOR ``delta``s and their ``base``s."""
+    """Every chunk key a manifest's pieces name: plain ``ref``s, XOR ``delta``s and their
+    ``base``s, and the ``pack`` chunks of packed pieces (format 2)."""
     keys = set()
     for tensor in manifest["tensors"].values():
         for piece in tensor["chunks"]:
-            keys.update(chunk_key(piece[field]) for field in ("ref", "delta", "base") if field in piece)
+            keys.update(chunk_key(piece[field]) for field in ("ref", "delta", "base", "pack") if field in piece)
     return keys
 
 

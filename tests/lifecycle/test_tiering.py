@@ -102,23 +102,32 @@ def test_sync_copies_what_a_crash_left_only_hot(tmp_path):
     tiers.close()
 
 
-def test_durable_lease_held_until_the_durable_copy(tmp_path):
-    """A hot save may reuse chunks that only the durable tier holds; its lease stays in the
-    durable tier (protecting them from a durable gc) until the durable copy committed."""
+def test_hot_save_never_borrows_durable_only_chunks(tmp_path):
+    """A write-back save commits in hot and depends on hot alone: a chunk only the durable
+    tier holds is written to hot again (so no durable lease is needed, and a durable gc
+    before the copy cannot break the hot checkpoint); the copy brings it back to durable."""
     from trainstore import CheckpointManager
     from trainstore.lifecycle.gc import GcOptions, collect_garbage
+    from trainstore.lifecycle.retention import delete_checkpoint
 
-    tiers = Tiering(str(tmp_path / "hot"), f"memory://{uuid.uuid4().hex}")
-    with CheckpointManager(tiers.store, "run", options=SMALL) as mgr:  # no copy hook: the copy is "late"
+    hot = str(tmp_path / "hot")
+    tiers = Tiering(hot, f"memory://{uuid.uuid4().hex}")
+    with CheckpointManager(tiers.store, "run", options=SMALL) as mgr:  # no copy hook: copies by hand
         mgr.save(0, state(0), blocking=True)
-        keys = needed_chunks(raw_manifest(str(tmp_path / "hot"), "run", 0))
-        assert keys and all(tiers.hot.exists(k) for k in keys)
-        for k in keys:  # as if these chunks had been evicted from hot and live only in durable
-            tiers.durable.put(k, tiers.hot.get(k))
-        assert list(tiers.durable.list(LEASES)) and not list(tiers.hot.list(LEASES))
-        assert collect_garbage(tiers.durable, GcOptions(grace=0)).deleted == 0  # leased
+        keys = needed_chunks(raw_manifest(hot, "run", 0))
         tiers.make_durable("run", 0)
-        assert not list(tiers.durable.list(LEASES))
+        delete_checkpoint(tiers.hot, "run", 0)  # evicted from hot: its chunks live only in durable
+        collect_garbage(tiers.hot, GcOptions(grace=0))
+        assert keys and not any(tiers.hot.exists(k) for k in keys) and all(tiers.durable.exists(k) for k in keys)
+        mgr.save(1, state(0), blocking=True)  # the same bytes again
+        assert needed_chunks(raw_manifest(hot, "run", 1)) == keys
+        assert all(tiers.hot.exists(k) for k in keys)  # written to hot, not borrowed from durable
+        assert not list(tiers.durable.list(LEASES)) and not list(tiers.hot.list(LEASES))
+        delete_checkpoint(tiers.durable, "run", 0)
+        assert collect_garbage(tiers.durable, GcOptions(grace=0)).deleted >= len(keys)  # durable loses them
+        assert np.array_equal(mgr.restore(1)["w"], state(0)["w"])  # from hot alone
+        tiers.make_durable("run", 1)
+        assert all(tiers.durable.exists(k) for k in keys)
         assert collect_garbage(tiers.durable, GcOptions(grace=0)).deleted == 0  # referenced now
     tiers.close()
 

@@ -18,10 +18,16 @@ than ``LEASE_RENEW_S`` meanwhile, write it again and repeat (b)-(c) (sweeps hono
 for ``GcOptions.lease_ttl`` >= ``MIN_LEASE_TTL_S`` after its creation); (d) commit the
 manifest; (e) drop the lease.
 
-Which stores hold the lease is asked through the ``Store`` interface: every tier of the
-store's write view (a tiered store: hot and durable); only the fastest tier's copy is
-dropped at commit (the durable copy protects chunks until the tiering engine copies the
-manifest, then expires).
+**Where**: the lease lives in the tier the commit happens in (``commit_tier``): a plain store
+itself, a write-back tiered store's hot tier, a write-through one's durable tier. A save
+never writes to (or waits on) a tier it does not commit to, so a durable tier that is full
+or down does not fail hot saves. In write-back mode the hot tier is the write view: a hot
+checkpoint's chunks are all in hot. The tiering engine's copy to the durable tier
+(``lifecycle.tiering.copy_checkpoint``) takes its own lease there (``CopyLease``):
+written before it looks at which chunks the durable tier holds, it makes every sweep
+that lists later keep them; sweeps running already are waited for (they may have listed
+before the lease); the lease is renewed while the copy runs and dropped after its manifest
+commit.
 """
 
 from __future__ import annotations
@@ -31,17 +37,18 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
 
 from ..chunks import ChunkRef, ChunkStore
-from ..errors import IntegrityError, NotFoundError, TrainstoreError
+from ..errors import IntegrityError, NotFoundError, StoreError, TrainstoreError
 from ..liveness import writer_dead
 from ..store import open_store
 from ..store.base import Store
+from ..store.tiered import TieredStore
 from ..sweeps import CLOCK_SKEW_S, load_json, put_json
 from . import manifest as mf
 from .packs import rebuild_pack
@@ -106,11 +113,14 @@ def _lease_store(store: Store) -> Store:
         return fast
 
 
-def _gc_stores(store: Store) -> tuple[list[Store], list[Store]]:
-    """(stores to lease in and watch for sweeps, stores whose lease is dropped at commit):
-    the tiers of the write view, fastest first; only the fastest one's lease is dropped."""
-    stores = list(store.write_view().tiers())
-    return stores, stores[:1]
+def commit_tier(store: Store) -> Store:
+    """The tier a commit through ``store`` happens in (where its lease belongs): the durable
+    tier of a write-through tiered store, else the write view (a write-back tiered store's
+    hot tier; a plain store itself)."""
+    view = store.write_view()
+    if isinstance(view, TieredStore) and not view.write_back:
+        return view.durable
+    return view
 
 
 def _relevant(markers: list[dict], since: float, now: float) -> list[dict]:
@@ -132,7 +142,7 @@ def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
     ``pieces`` maps tensor names to the raw bytes that were saved (to write back chunks a
     sweep removed); ``started`` is when the save began. Commit inside the ``with`` block.
     """
-    stores, release_now = _gc_stores(store)
+    stores = [commit_tier(store)]
     keys = sorted(mf.manifest_chunk_keys(manifest, chunks.prefix))
     lease_key = f"{LEASES}{manifest.job}-{manifest.step:012d}-{uuid.uuid4().hex[:12]}.json"
 
@@ -145,7 +155,6 @@ def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
         return t
 
     first = written = write_lease()  # (a)
-    ok = False
     try:
         with _knowledge_lock:
             know = _knowledge.setdefault(chunks, _Knowledge(started))
@@ -172,13 +181,77 @@ def commit_lease(store: Store, chunks: ChunkStore, manifest: mf.Manifest,
                 # again, then re-check against every sweep since the first write
                 written, renewed = write_lease(), True
         yield manifest  # (d) the caller commits
-        ok = True
     finally:
-        for s in (release_now if ok else stores):  # (e)
+        for s in stores:  # (e)
             try:
                 s.delete(lease_key)
             except TrainstoreError as exc:  # an orphan lease only delays gc until it expires
                 log.warning("could not drop gc lease %s: %s", lease_key, exc)
+
+
+class CopyLease:
+    """A tier copy's lease on the destination tier (see the module docstring, **Where**).
+
+    ``with CopyLease(dst, job, step, keys) as lease:`` writes the lease and waits for the
+    sweeps running on ``dst``; the copy then looks at and writes chunks, calls
+    ``lease.check()`` and commits the manifest; leaving the block drops the lease. A thread
+    renews the lease every ``LEASE_RENEW_S / 4``; ``check`` raises if no write succeeded for
+    ``LEASE_RENEW_S`` (a sweep may no longer honour it: copy again later).
+    """
+
+    def __init__(self, store: Store, job: str, step: int, keys: Iterable[str], poll_s: float = 0.2) -> None:
+        self.store, self.job, self.step = store, job, step
+        self.key = f"{LEASES}{job}-{step:012d}-copy-{uuid.uuid4().hex[:12]}.json"
+        self.keys = sorted(keys)
+        self.poll_s = poll_s
+        self.written = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="trainstore-copy-lease", daemon=True)
+
+    def _write(self) -> None:
+        t = time.time()
+        put_json(_lease_store(self.store), self.key, {"job": self.job, "step": self.step, "created": t,
+                                                      "expires": t + LEASE_EXPIRES_S, "chunks": self.keys})
+        self.written = t
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S / 4):
+            try:
+                self._write()
+            except TrainstoreError as exc:  # the next beat retries; check() tells the copy
+                log.warning("could not renew tier copy lease %s: %s", self.key, exc)
+
+    def check(self) -> None:
+        """Raise ``StoreError`` if the lease may have lapsed (call right before the commit)."""
+        age = time.time() - self.written
+        if age > LEASE_RENEW_S:
+            raise StoreError(f"the gc lease of the copy of step {self.step} of job {self.job!r} to {self.store.url} "
+                             f"was last written {age:.0f} s ago; a gc sweep may no longer honour it (copy again)")
+
+    def __enter__(self) -> CopyLease:
+        self._write()  # before the copy looks at what the destination holds
+        try:
+            markers = sweep_markers(self.store, self.written - 2 * CLOCK_SKEW_S)
+            running = {m["key"] for m in _relevant(list(markers), self.written, self.written)
+                       if m.get("state") == "running"}
+            _wait_for([self.store], running, self.poll_s)  # they may have listed before the lease
+        except BaseException:
+            self._drop()
+            raise
+        self._thread.start()
+        return self
+
+    def _drop(self) -> None:
+        try:
+            self.store.delete(self.key)
+        except TrainstoreError as exc:  # an orphan lease only delays gc until it expires
+            log.warning("could not drop tier copy lease %s: %s", self.key, exc)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._drop()
 
 
 def _wait_for(stores: list[Store], running: set[str], poll_s: float) -> None:
@@ -263,5 +336,5 @@ def _rewrite(chunks: ChunkStore, piece: mf.ChunkEntry, raw: memoryview, here: tu
 
 
 
-__all__ = ["commit_lease", "sweep_markers", "CLOCK_SKEW_S", "KNOWLEDGE_MAX_AGE_S", "LEASES", "LEASE_EXPIRES_S",
+__all__ = ["CopyLease", "commit_lease", "commit_tier", "sweep_markers", "CLOCK_SKEW_S", "KNOWLEDGE_MAX_AGE_S", "LEASES", "LEASE_EXPIRES_S",
            "LEASE_RENEW_S", "MIN_LEASE_TTL_S", "SWEEPS"]

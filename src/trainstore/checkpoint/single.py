@@ -67,7 +67,7 @@ class SingleProcessBackend(SaveBackend):
         keep_arena = False
         started = time.time()
         try:
-            if ctx.store.exists(mf.manifest_key(ctx.job, step)):
+            if ctx.store.write_view().exists(mf.manifest_key(ctx.job, step)):  # the commit re-checks lower tiers
                 raise AlreadyExistsError(f"checkpoint step {step} of job {ctx.job!r} already exists in {ctx.store.url}")
             base = self._base_for(kind, step)
             if kind == "incremental" and base is None:

@@ -76,7 +76,7 @@ class DcpBackend(SaveBackend):
 
     def check_free(self, step: int) -> None:
         store, job = self.ctx.store, self.ctx.job
-        if store.exists(mf.manifest_key(job, step)):
+        if store.write_view().exists(mf.manifest_key(job, step)):  # the commit re-checks lower tiers
             raise AlreadyExistsError(f"checkpoint step {step} of job {job!r} already exists in {store.url}")
 
     def stage(self, state: Any) -> dict:

@@ -207,7 +207,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         step = self.step
-        if self.store.exists(mf.manifest_key(self.job, step)):  # type: ignore[arg-type]
+        if self.store.write_view().exists(mf.manifest_key(self.job, step)):  # type: ignore[union-attr]
             raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {self.store.url}")
         kind, base = self.kind, None
         if kind == "incremental":

@@ -17,9 +17,11 @@
 * ``TieredStore`` (``trainstore.store.tiered``, in write-back mode here) reads hot, else
   durable, else archive: restore is transparent.
 
-Save leases (see ``gc``) are written to hot and durable; the durable one is dropped only
-after the durable copy, so a durable-tier gc cannot take a chunk that a hot checkpoint
-reuses from the durable tier before the copy completes.
+GC leases (``checkpoint.lease``): a save leases its chunks in hot only (the tier it commits
+in; its chunks are all in hot), so a durable tier that is full or down never fails a save -
+the copy fails, is reported, and ``sync`` copies later. The durable copy takes its own lease
+on the destination tier (``CopyLease``) before it looks at which chunks are there, and drops
+it after the manifest commit, so a durable gc never takes a chunk the copy relies on.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from functools import partial
 from typing import Any
 
 from ..checkpoint import manifest as mf
+from ..checkpoint.lease import CopyLease
 from ..chunks import ChunkStore, RepairEvent
 from ..durations import parse_duration
 from ..errors import (
@@ -48,7 +51,7 @@ from ..errors import (
 from ..store import open_store
 from ..store.base import Store
 from ..store.tiered import TieredStore
-from .gc import LEASES, GcOptions, collect_garbage
+from .gc import GcOptions, collect_garbage
 from .retention import delete_checkpoint
 
 log = logging.getLogger("trainstore.lifecycle.tiering")
@@ -122,13 +125,16 @@ def copy_checkpoint(src: Store, dst: Store, job: str, step: int, workers: int = 
         dst.put(key, data)
         return memoryview(data).nbytes
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-tier-copy") as pool:
-        copied = sum(pool.map(one, sorted(refs)))
-    try:
-        dst.put_if_absent(mf.manifest_key(job, step), raw)
-    except AlreadyExistsError:
-        if bytes(memoryview(dst.get(mf.manifest_key(job, step)))) != bytes(memoryview(raw)):
-            raise ConflictError(f"step {step} of job {job!r} exists in {dst.url} with different content") from None
+    # the lease comes before any look at dst: a dst gc keeps what the copy reuses or writes
+    with CopyLease(dst, job, step, refs) as lease:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-tier-copy") as pool:
+            copied = sum(pool.map(one, sorted(refs)))
+        lease.check()
+        try:
+            dst.put_if_absent(mf.manifest_key(job, step), raw)
+        except AlreadyExistsError:
+            if bytes(memoryview(dst.get(mf.manifest_key(job, step)))) != bytes(memoryview(raw)):
+                raise ConflictError(f"step {step} of job {job!r} exists in {dst.url} with different content") from None
     return copied
 
 
@@ -213,8 +219,6 @@ class Tiering:
         record = {"created": created, "restore_ready_at": restore_ready_at, "durable_at": durable_at,
                   "copied_bytes": copied}
         self.durable.put(_tier_key(job, step), json.dumps(record).encode())
-        for meta in list(self.durable.list(f"{LEASES}{job}-{step:012d}-")):
-            self.durable.delete(meta.key)  # the save's durable lease: the manifest protects its chunks now
         for obs in self.observers:
             try:
                 obs("durable", {"job": job, "step": step, "since_created": durable_at - created,

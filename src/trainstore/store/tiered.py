@@ -15,6 +15,9 @@ Reads fall through hot -> durable -> archive; listings merge the tiers (one entr
   the writers sharing this hot tier wins), a key a lower tier already holds is refused, and
   a same-named commit made meanwhile on another node's hot tier is caught by the durable
   copy's conditional create (``ConflictError`` for different bytes) - never overwritten.
+  A hot commit never depends on the durable tier: the write view is hot alone (a chunk only
+  durable holds is written again), and a durable tier that cannot be asked (unreachable)
+  does not stop a commit - the durable copy's conditional create catches a clash later.
 
 Both modes refuse ``put_if_absent`` of a key the archive holds (the archive only receives
 moves of durable objects, so that check cannot race a writer).
@@ -27,7 +30,13 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..errors import AlreadyExistsError, ConfigError, NotFoundError, StoreError
+from ..errors import (
+    AlreadyExistsError,
+    ConfigError,
+    NotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
 from .base import Buffer, ObjectMeta, Store, StoreCapabilities
 
 log = logging.getLogger("trainstore.store.tiered")
@@ -45,12 +54,17 @@ class TieredStore(Store):
         self.write_back = bool(write_back)
         self._tiers = tuple(s for s in (hot, durable, archive) if s is not None)
         self.url = f"tiered({hot.url} -> {durable.url}" + (f" -> {archive.url})" if archive else ")")
-        self._write_view: Store = self if archive is None else TieredStore(hot, durable, write_back=write_back)
+        if write_back:
+            self._write_view: Store = hot
+        else:
+            self._write_view = self if archive is None else TieredStore(hot, durable)
 
     def write_view(self) -> Store:
-        """Hot and durable, without the archive: a chunk only in the archive is written again
-        by a new save (the durable copy never depends on the archive, which may be cold,
-        slow, or collected independently)."""
+        """Where a new content-addressed object counts as present. Write-through: hot and
+        durable, without the archive (a chunk only in the archive is written again: the
+        durable copy never depends on the archive, which may be cold, slow, or collected
+        independently). Write-back: hot alone (the tier the commit happens in), so a hot
+        checkpoint restores from hot and saves never wait on a durable tier that is down."""
         return self._write_view
 
     def tiers(self) -> tuple[Store, ...]:
@@ -95,7 +109,13 @@ class TieredStore(Store):
             meta = self.durable.put_if_absent(key, data)  # the commit point
             self._fill_hot(key, data)
             return meta
-        if self.durable.exists(key):  # a step evicted from hot still exists
+        try:
+            in_durable = self.durable.exists(key)  # a step evicted from hot still exists
+        except StoreUnavailableError as exc:  # the durable copy's conditional create catches a clash
+            log.warning("tiered store: could not check %r in the durable tier %s (%s); committing in hot",
+                        key, self.durable.url, exc)
+            in_durable = False
+        if in_durable:
             raise AlreadyExistsError(f"object {key!r} already exists in {self.durable.url}")
         return self.hot.put_if_absent(key, data)
 

@@ -1,0 +1,162 @@
+"""A durable tier that is down never fails a hot save (write-back tiering), and a durable gc
+never takes a chunk that an in-flight tier copy is about to reference.
+
+* The save's gc lease lives in the tier its commit happens in (hot, in write-back mode);
+  the durable copy takes its own lease on the durable tier around copy + manifest commit.
+* While the durable S3 bucket is unreachable (fault proxy outage), saves commit to hot and
+  restore from hot; the failed copies are reported; once durable is back the tiering engine
+  copies them and they restore from durable alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from trainstore import CheckpointPolicy, open_store
+from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.writer import WriteOptions
+from trainstore.errors import BackgroundError
+from trainstore.lifecycle.gc import LEASES, GcOptions, collect_garbage
+from trainstore.lifecycle.retention import delete_checkpoint
+from trainstore.lifecycle.tiering import Tiering, TierPolicy
+from trainstore.store.base import Buffer, ObjectMeta, Store
+
+pytestmark = pytest.mark.timeout(180)
+
+SMALL = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 16, workers=2, nice=0)
+FULLS = CheckpointPolicy(full_every=1, incremental_every=None)
+
+
+def state(step: int) -> dict:
+    return {"w": np.random.default_rng(step).standard_normal(5000).astype(np.float32), "step": step}
+
+
+def test_hot_saves_succeed_while_the_durable_bucket_is_down(tmp_path, fault_proxy, flaky_s3):
+    url, opts = flaky_s3
+    hot = str(tmp_path / "hot")
+    tiers = Tiering(hot, url, durable_options=opts, policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0))
+    mgr = tiers.manager("run", policy=FULLS, options=SMALL)
+    mgr.save(0, state(0), blocking=True)
+    mgr.wait()  # durable
+    fault_proxy.outage = "reset"
+    for step in (1, 2):
+        info = mgr.save(step, state(step), blocking=True).wait()  # committed in hot: no durable call needed
+        assert info.step == step
+        with pytest.raises(BackgroundError, match=rf"step {step} .*'run'.*durable"):  # the copy failed, reported
+            mgr.wait()
+    for step in (1, 2):  # restore-ready from hot while durable is down
+        got = mgr.restore(step)
+        assert np.array_equal(got["w"], state(step)["w"]) and got["step"] == step
+    assert not list(tiers.hot.list(LEASES))
+    with pytest.raises(BackgroundError, match=r"step 1 .*'run'.*durable"):  # the tiering's own report
+        tiers.wait()
+    fault_proxy.outage = None
+    assert tiers.sync("run") == [1, 2]  # the tiering engine copies what only hot holds
+    assert all(s.durable for s in tiers.status("run"))
+    assert not list(tiers.durable.list(LEASES))
+    mgr.close()
+    tiers.close()
+    shutil.rmtree(hot)  # the node is lost: both steps restore from durable alone
+    fresh = Tiering(str(tmp_path / "hot2"), url, durable_options=opts)
+    with fresh.manager("run", options=SMALL) as again:
+        for step in (0, 1, 2):
+            assert np.array_equal(again.restore(step)["w"], state(step)["w"])
+    fresh.close()
+
+
+class PausingStore(Store):
+    """A real store (local directory) that runs ``before_commit`` once, right before the
+    first manifest ``put_if_absent``: the moment an in-flight tier copy is about to commit."""
+
+    def __init__(self, root: str) -> None:
+        self.inner = open_store(root)
+        self.url = "pausing+" + self.inner.url
+        self.before_commit: Callable[[], None] | None = None
+
+    def get(self, key: str) -> Buffer:
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> Buffer:
+        return self.inner.get_range(key, start, length)
+
+    def put(self, key: str, data: Buffer) -> ObjectMeta:
+        return self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+        hook, self.before_commit = self.before_commit, None
+        if hook is not None and key.endswith("manifest.json"):
+            hook()
+        return self.inner.put_if_absent(key, data)
+
+    def head(self, key: str) -> ObjectMeta:
+        return self.inner.head(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+
+def test_durable_gc_during_a_tier_copy_keeps_the_chunks_it_reuses(tmp_path):
+    """The copy finds the chunks in durable already (unreferenced there: the durable step was
+    deleted) and skips them; a durable sweep runs right before the copy commits the manifest.
+    The copy's durable lease must keep those chunks."""
+    durable = PausingStore(str(tmp_path / "durable"))
+    tiers = Tiering(str(tmp_path / "hot"), durable, policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0))
+    with tiers.manager("run", policy=FULLS, options=SMALL) as mgr:
+        mgr.save(0, state(0), blocking=True)
+        mgr.wait()
+    keys = mf.manifest_chunk_keys(mf.load_manifest(tiers.hot, "run", 0))
+    delete_checkpoint(durable, "run", 0)  # its chunks stay in durable, referenced by nothing there
+    assert keys and all(durable.exists(k) for k in keys)
+    sweeps = []
+    durable.before_commit = lambda: sweeps.append(collect_garbage(durable, GcOptions(grace=0)))
+    tiers.make_durable("run", 0)  # the copy reuses every chunk, the sweep runs before its commit
+    assert len(sweeps) == 1 and sweeps[0].deleted == 0, sweeps
+    assert all(durable.exists(k) for k in keys)
+    assert collect_garbage(durable, GcOptions(grace=0)).deleted == 0  # referenced by the manifest now
+    assert not list(durable.list(LEASES))
+    tiers.close()
+    with Tiering(str(tmp_path / "hot2"), str(tmp_path / "durable")).manager("run", options=SMALL) as again:
+        assert np.array_equal(again.restore(0)["w"], state(0)["w"])
+
+
+def test_durable_copy_waits_for_a_running_durable_sweep(tmp_path):
+    """A sweep that listed before the copy's lease was visible is still deleting when the
+    copy starts: the copy waits for it, then copies what it deleted."""
+    durable = PausingStore(str(tmp_path / "durable"))
+    tiers = Tiering(str(tmp_path / "hot"), durable, policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0))
+    with tiers.manager("run", policy=FULLS, options=SMALL) as mgr:
+        mgr.save(0, state(0), blocking=True)
+        mgr.wait()
+    keys = mf.manifest_chunk_keys(mf.load_manifest(tiers.hot, "run", 0))
+    delete_checkpoint(durable, "run", 0)
+    listed, go = threading.Event(), threading.Event()
+
+    def progress(what: str, done: int, total: int) -> None:
+        if what == "listed chunks":  # the sweep has its marker and chunk listing; it deletes after us
+            listed.set()
+            go.wait(30)
+
+    sweep = threading.Thread(target=collect_garbage, args=(durable, GcOptions(grace=0, heartbeat=1.0)),
+                             kwargs={"progress": progress})
+    sweep.start()
+    assert listed.wait(30)
+    copier = threading.Thread(target=tiers.make_durable, args=("run", 0))
+    copier.start()
+    copier.join(2.0)
+    assert copier.is_alive()  # waits for the running sweep
+    go.set()
+    sweep.join(30)
+    copier.join(30)
+    assert not copier.is_alive()
+    assert all(durable.exists(k) for k in keys)  # deleted by the sweep, then copied again
+    tiers.close()
+    with Tiering(str(tmp_path / "hot2"), str(tmp_path / "durable")).manager("run", options=SMALL) as again:
+        assert np.array_equal(again.restore(0)["w"], state(0)["w"])
