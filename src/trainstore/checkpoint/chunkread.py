@@ -7,7 +7,7 @@ chunk files on a local filesystem (a local store, or the hot tier of a tiered on
   ``preadv`` and hashed block by block as they arrive (BLAKE3 of the bytes as read, while
   they are in the CPU cache; never skipped). When ``out`` is 4 KiB-aligned and large
   (``fileio.direct_eligible``: restore destinations from ``hostmem`` are) and the chunk is
-  not in the page cache (a ``RWF_NOWAIT`` read of its first block says so), the file is read
+  not in the page cache (``mincore`` of its first page says so), the file is read
   with ``O_DIRECT``: from the device into the tensor, no page-cache copy and no page-cache
   first touch. The tail past the last whole 4 KiB block, and every filesystem that refuses
   ``O_DIRECT`` (tmpfs: ``EINVAL``), go through the page cache.
@@ -27,7 +27,10 @@ copied once) into ``out``.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
+import mmap
 import os
 import threading
 
@@ -38,6 +41,7 @@ from ..chunks import ChunkRef, ChunkStore, content_hash
 from ..codecs import decode
 from ..errors import ChunkCorruptError, NotFoundError, StoreError
 from ..fileio import DIRECT_ALIGN, direct_eligible
+from ..hostmem import PAGE
 
 #: Raw chunks are read and hashed in blocks of this size: each block is hashed while it is
 #: still in the CPU cache, instead of a second pass over the whole chunk in memory.
@@ -51,6 +55,9 @@ DECODE_THREADS = 2
 USE_DIRECT = True
 
 _tls = threading.local()
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+_libc.mincore.restype = ctypes.c_int
 
 
 def pread_into(fd: int, view: memoryview, offset: int) -> int:
@@ -59,17 +66,17 @@ def pread_into(fd: int, view: memoryview, offset: int) -> int:
     return os.preadv(fd, [view], offset)
 
 
-def _cached(fd: int, view: memoryview) -> bool:
-    """Whether the file's first block is in the page cache: a ``RWF_NOWAIT`` read of it
-    succeeds (and leaves the bytes in ``view``, which is read again anyway)."""
-    nowait = getattr(os, "RWF_NOWAIT", None)
-    if nowait is None:
-        return True
+def _cached(fd: int) -> bool:
+    """Whether the file's first page is in the page cache (``mincore`` of a private mapping:
+    asks without reading, so it starts no readahead). Any doubt: cached."""
     try:
-        return os.preadv(fd, [view[:min(view.nbytes, READ_BLOCK)]], 0, nowait) > 0
-    except BlockingIOError:
-        return False
-    except OSError:  # RWF_NOWAIT unsupported here: keep the page cache
+        with mmap.mmap(fd, PAGE, access=mmap.ACCESS_COPY) as m:
+            first = ctypes.c_char.from_buffer(m)  # exports ``m``: released before it closes
+            vec = ctypes.c_ubyte(0)
+            rc = _libc.mincore(ctypes.c_void_p(ctypes.addressof(first)), PAGE, ctypes.byref(vec))
+            del first
+        return rc != 0 or bool(vec.value & 1)
+    except (OSError, ValueError, BufferError):
         return True
 
 
@@ -90,7 +97,7 @@ def _read_raw(fd: int, path: str, out: memoryview, key: str, hasher: blake3.blak
     got = 0
     direct_end = 0
     dfd = None
-    if USE_DIRECT and hasattr(os, "O_DIRECT") and direct_eligible(out) and not _cached(fd, out):
+    if USE_DIRECT and hasattr(os, "O_DIRECT") and direct_eligible(out) and not _cached(fd):
         dfd = _open_direct(path)
         if dfd is not None:
             direct_end = size // DIRECT_ALIGN * DIRECT_ALIGN
