@@ -36,7 +36,8 @@ import torch
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
 
 SAVE_METHODS = ("torch_save", "safetensors", "dcp_async", "trainstore", "trainstore_reserve")
-RESTORE_METHODS = ("torch_load", "torch_load_mmap", "safetensors_load", "trainstore_restore")
+RESTORE_METHODS = ("torch_load", "torch_load_mmap", "safetensors_load", "trainstore_restore",
+                   "trainstore_restore_incr")
 TOUCH_MIB = 256
 
 
@@ -136,6 +137,10 @@ def _restore(method: str, work: str) -> float:
         mgr = CheckpointManager(os.path.join(work, "ts"), job="cold")
         state = mgr.restore(step=1)
         mgr.close()
+    elif method == "trainstore_restore_incr":  # step 2: XOR deltas against step 1 (two reads a piece)
+        mgr = CheckpointManager(os.path.join(work, "ts"), job="cold")
+        state = mgr.restore(step=2)
+        mgr.close()
     else:
         raise SystemExit(f"unknown restore method {method!r}")
     # mmap-backed loads (torch mmap=True, safetensors) are lazy: a page is read when first
@@ -177,8 +182,21 @@ def prepare(state, work: str) -> int:
     mgr = CheckpointManager(os.path.join(work, "ts"), job="cold",
                             policy=CheckpointPolicy(full_every=1, incremental_every=None))
     mgr.save(1, state, blocking=True)
+    mgr.save(2, stepped(state), blocking=True, kind="incremental")  # for trainstore_restore_incr
     mgr.close()
     return sum(t.nbytes for t in flat_tensors(state).values())
+
+
+def stepped(state):
+    """``state`` after a small training-like step: every float tensor scaled by (1 + 1e-4),
+    which changes low mantissa bits everywhere (an incremental of it stores XOR deltas)."""
+    if isinstance(state, dict):
+        return {k: stepped(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(stepped(v) for v in state)
+    if isinstance(state, torch.Tensor) and state.is_floating_point():
+        return state * (1 + 1e-4)
+    return state
 
 
 def _run_child(method: str, work: str) -> dict:
