@@ -15,6 +15,8 @@ implements the same protocol for chunks and can move onto these pieces.
 * A writer that **reuses** an object which existed before its lease (a resumed transform)
   calls ``wait_for_sweeps`` after writing the lease and re-checks the object afterwards: a
   sweep whose listing predates the lease has then finished deleting.
+* ``SweepOptions`` is what every sweep is configured with (grace, deadline, heartbeat,
+  marker expiry, parallelism, unreadable manifests); each collector's options extend it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .errors import NotFoundError, TrainstoreError
+from .durations import parse_duration
+from .errors import ConfigError, NotFoundError, TrainstoreError
 from .liveness import identity
 from .store.base import Store
 
@@ -36,6 +39,30 @@ log = logging.getLogger("trainstore.sweeps")
 
 #: allowance for clock differences between the machines that write and sweep
 CLOCK_SKEW_S = 60.0
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep runs (the options every collector shares). Durations: seconds or strings
+    like ``"1h"``, parsed to seconds."""
+
+    grace: float | str = "1h"  # only objects older than this are deleted
+    max_duration: float | str = "1h"  # the sweep stops deleting after this, whatever happens
+    heartbeat: float | str = 10.0  # the marker's deadline is renewed this often, to now + 3 beats
+    marker_ttl: float | str = "7d"  # finished sweep markers are removed after this
+    workers: int = 8
+    batch: int = 256
+    ignore_unreadable: bool = False  # sweep even if a manifest cannot be read (what it names may go!)
+
+    def __post_init__(self) -> None:
+        for name in ("grace", "max_duration", "heartbeat", "marker_ttl"):
+            object.__setattr__(self, name, parse_duration(getattr(self, name), name))
+        if not self.heartbeat > 0:  # type: ignore[operator]
+            raise ConfigError(f"heartbeat must be a positive duration, got {self.heartbeat!r}")
+        for name in ("workers", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
 
 
@@ -296,5 +323,5 @@ def expire_markers(store: Store, prefix: str, now: float, ttl: float) -> int:
     return n
 
 
-__all__ = ["CLOCK_SKEW_S", "KeyRange", "Lease", "LeaseInfo", "SweepMarker", "covered",
+__all__ = ["CLOCK_SKEW_S", "KeyRange", "Lease", "LeaseInfo", "SweepMarker", "SweepOptions", "covered",
            "expire_markers", "live_leases", "load_json", "put_json", "running_sweeps", "wait_for_sweeps"]

@@ -30,10 +30,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..durations import parse_duration
-from ..errors import ConfigError, ManifestError, NotFoundError
+from ..errors import ManifestError, NotFoundError
 from ..store.base import ObjectMeta, Store
-from ..sweeps import SweepMarker, covered, expire_markers, live_leases
+from ..sweeps import SweepMarker, SweepOptions, covered, expire_markers, live_leases
 from .ingest.journal import PENDING_DIR, list_entry_keys, load_entries
 from .leases import GC_PREFIX
 from .transforms.shard_task import marker_output_key
@@ -43,26 +42,9 @@ log = logging.getLogger("trainstore.data.gc")
 
 
 @dataclass(frozen=True)
-class DataGcOptions:
-    """How a data sweep runs. Durations: seconds or strings like ``"1h"``."""
-
-    grace: float | str = "1h"  # only objects older than this are deleted
-    max_duration: float | str = "1h"  # the sweep stops deleting after this, whatever happens
-    heartbeat: float | str = 10.0  # the marker's deadline is renewed this often, to now + 3 beats
-    marker_ttl: float | str = "7d"  # finished sweep markers are removed after this
-    workers: int = 8
-    batch: int = 256
-    ignore_unreadable: bool = False  # sweep even if a manifest cannot be read (its shards may go!)
-
-    def __post_init__(self) -> None:
-        for name in ("grace", "max_duration", "heartbeat", "marker_ttl"):
-            object.__setattr__(self, name, parse_duration(getattr(self, name), name))
-        if not self.heartbeat > 0:  # type: ignore[operator]
-            raise ConfigError(f"heartbeat must be a positive duration, got {self.heartbeat!r}")
-        for name in ("workers", "batch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+class DataGcOptions(SweepOptions):
+    """How a data sweep runs: exactly ``SweepOptions`` (writers' leases carry their own
+    expiry, so there is no ``lease_ttl``)."""
 
 
 @dataclass

@@ -46,34 +46,24 @@ from ..chunks import ChunkStore, replica_key
 from ..durations import parse_duration
 from ..errors import ConfigError, ManifestError, TrainstoreError
 from ..store.base import Store
-from ..sweeps import SweepMarker, load_json
+from ..sweeps import SweepMarker, SweepOptions, load_json
 
 log = logging.getLogger("trainstore.lifecycle.gc")
 
 
 @dataclass(frozen=True)
-class GcOptions:
-    """How a sweep runs. Durations: seconds or strings like ``"1h"``."""
+class GcOptions(SweepOptions):
+    """How a chunk sweep runs: ``SweepOptions`` plus ``lease_ttl``, after which the leases of
+    crashed saves stop protecting their chunks (at least ``MIN_LEASE_TTL_S``)."""
 
-    grace: float | str = "1h"  # only chunks older than this are deleted
-    max_duration: float | str = "1h"  # the sweep stops deleting after this, whatever happens
-    heartbeat: float | str = 10.0  # the marker's deadline is renewed this often, to now + 3 beats
-    marker_ttl: float | str = "7d"  # finished markers are removed after this
-    lease_ttl: float | str = "1d"  # leases of crashed saves expire after this
-    workers: int = 8
-    batch: int = 256
-    ignore_unreadable: bool = False  # sweep even if a manifest cannot be read (its chunks may go!)
+    lease_ttl: float | str = "1d"
 
     def __post_init__(self) -> None:
-        for name in ("grace", "max_duration", "marker_ttl", "lease_ttl", "heartbeat"):
-            object.__setattr__(self, name, parse_duration(getattr(self, name), name))
-        if not self.heartbeat > 0:  # type: ignore[operator]
-            raise ConfigError(f"heartbeat must be a positive duration, got {self.heartbeat!r}")
+        super().__post_init__()
+        object.__setattr__(self, "lease_ttl", parse_duration(self.lease_ttl, "lease_ttl"))
         if self.lease_ttl < MIN_LEASE_TTL_S:  # type: ignore[operator]
             raise ConfigError(f"lease_ttl must be at least {MIN_LEASE_TTL_S:.0f} s (saves renew a lease older "
                               f"than {LEASE_RENEW_S:.0f} s before committing), got {self.lease_ttl!r}")
-        if not isinstance(self.workers, int) or self.workers < 1 or not isinstance(self.batch, int) or self.batch < 1:
-            raise ConfigError("workers and batch must be positive ints")
 
 
 @dataclass
