@@ -11,6 +11,7 @@ never takes a chunk that an in-flight tier copy is about to reference.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 
@@ -160,3 +161,38 @@ def test_durable_copy_waits_for_a_running_durable_sweep(tmp_path):
     tiers.close()
     with Tiering(str(tmp_path / "hot2"), str(tmp_path / "durable")).manager("run", options=SMALL) as again:
         assert np.array_equal(again.restore(0)["w"], state(0)["w"])
+
+
+@pytest.fixture
+def full_dir(tmp_path) -> Iterator[str]:
+    """A directory on a 1 MiB tmpfs, filled up: every write there is a real ENOSPC."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {res.stderr.decode().strip()}")
+    try:
+        with open(mnt / "filler", "wb") as f:
+            try:
+                f.write(b"\0" * (2 << 20))
+            except OSError:
+                pass
+        yield str(mnt / "store")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_write_through_save_leases_in_durable_where_it_commits(tmp_path, full_dir):
+    """Write-through: the commit is the durable tier's conditional create and hot is a cache
+    whose failed fills are dropped; a full hot tier must not fail the save (the lease lives
+    in durable, with the commit)."""
+    from trainstore import CheckpointManager
+    from trainstore.store.tiered import TieredStore
+
+    durable = str(tmp_path / "durable")
+    store = TieredStore(open_store(full_dir), open_store(durable))
+    with CheckpointManager(store, "run", policy=FULLS, options=SMALL) as mgr:
+        mgr.save(0, state(0), blocking=True)
+        assert not list(store.list(LEASES))
+    with CheckpointManager(durable, "run", options=SMALL) as alone:  # durable alone holds it all
+        assert np.array_equal(alone.restore(0)["w"], state(0)["w"])
