@@ -63,7 +63,7 @@ def _features(store, n=120, rows_per_shard=15):
 
 
 def test_loader_default_cache_limit_is_bounded_and_explained(tmp_path, monkeypatch):
-    from trainstore.data.serve import Dataset, Loader, dataset as dataset_mod
+    from trainstore.data.serve import Dataset, Loader, options as options_mod
 
     store = open_store(str(tmp_path / "s"))
     v = _features(store)
@@ -74,7 +74,7 @@ def test_loader_default_cache_limit_is_bounded_and_explained(tmp_path, monkeypat
     assert "dataset" in stats["cache_limit_reason"]
     # a disk with little free space: the default takes only a fraction of it, and reading works
     free = __import__("shutil").disk_usage(tmp_path).free
-    monkeypatch.setattr(dataset_mod, "CACHE_FREE_FRACTION", 3 * biggest / free)
+    monkeypatch.setattr(options_mod, "CACHE_FREE_FRACTION", 3 * biggest / free)
     small = Loader(Dataset(store, "feat@1", cache_dir=tmp_path / "hot2"), 10, shuffle=False)
     st = small.stats()
     assert biggest <= st["cache_limit"] < v.bytes and "free space" in st["cache_limit_reason"]
