@@ -196,3 +196,20 @@ def test_write_through_save_leases_in_durable_where_it_commits(tmp_path, full_di
         assert not list(store.list(LEASES))
     with CheckpointManager(durable, "run", options=SMALL) as alone:  # durable alone holds it all
         assert np.array_equal(alone.restore(0)["w"], state(0)["w"])
+
+
+def test_hot_saves_succeed_while_the_archive_is_down(tmp_path, fault_proxy, flaky_s3):
+    """The archive is asked at a hot commit only to refuse a step number it holds; while it
+    is unreachable the commit proceeds (and the durable copy, which does not need it)."""
+    url, opts = flaky_s3
+    tiers = Tiering(str(tmp_path / "hot"), str(tmp_path / "durable"), archive=url, archive_options=opts,
+                    policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0))
+    with tiers.manager("run", policy=FULLS, options=SMALL) as mgr:
+        mgr.save(0, state(0), blocking=True)
+        fault_proxy.outage = "reset"
+        mgr.save(1, state(1), blocking=True)
+        mgr.wait()  # committed in hot and copied to durable
+        assert np.array_equal(mgr.restore(1)["w"], state(1)["w"])
+        fault_proxy.outage = None
+        assert [s.tiers for s in tiers.status("run")] == ["hot/durable", "hot/durable"]
+    tiers.close()

@@ -225,7 +225,10 @@ class Tiering:
                                 "copied_bytes": copied, "tier": "durable"})
             except Exception as exc:  # noqa: BLE001
                 log.warning("tiering observer failed: %s", exc)
-        return self.status(job, step)[0]
+        # built here, not by status(): listing the archive would make the copy depend on it
+        # (and archive() moves only steps that left hot, so this one is not archived)
+        kind = mf.load_manifest(self.hot, job, step).kind
+        return TierStatus(step, kind, True, True, False, created, restore_ready_at - created, durable_at - created)
 
     def _repaired(self, job: str, event: RepairEvent) -> None:
         """A tier copy met a bad copy and repaired it: tell the observers (metrics)."""

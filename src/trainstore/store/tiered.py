@@ -20,7 +20,9 @@ Reads fall through hot -> durable -> archive; listings merge the tiers (one entr
   does not stop a commit - the durable copy's conditional create catches a clash later.
 
 Both modes refuse ``put_if_absent`` of a key the archive holds (the archive only receives
-moves of durable objects, so that check cannot race a writer).
+moves of durable objects, so that check cannot race a writer); an archive (or, write-back, a
+durable tier) that cannot be asked does not stop the commit (logged): reads then return the
+new object first, and the clash surfaces as a ``ConflictError`` when that step is copied.
 """
 
 from __future__ import annotations
@@ -103,21 +105,25 @@ class TieredStore(Store):
         return meta
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        if self.archive is not None and self.archive.exists(key):
+        if self.archive is not None and self._holds(self.archive, key):
             raise AlreadyExistsError(f"object {key!r} already exists in {self.archive.url}")
         if not self.write_back:
             meta = self.durable.put_if_absent(key, data)  # the commit point
             self._fill_hot(key, data)
             return meta
-        try:
-            in_durable = self.durable.exists(key)  # a step evicted from hot still exists
-        except StoreUnavailableError as exc:  # the durable copy's conditional create catches a clash
-            log.warning("tiered store: could not check %r in the durable tier %s (%s); committing in hot",
-                        key, self.durable.url, exc)
-            in_durable = False
-        if in_durable:
+        if self._holds(self.durable, key):  # a step evicted from hot still exists
             raise AlreadyExistsError(f"object {key!r} already exists in {self.durable.url}")
         return self.hot.put_if_absent(key, data)
+
+    def _holds(self, tier: Store, key: str) -> bool:
+        """Whether a tier the commit does not happen in holds ``key``; False (logged) when it
+        cannot be asked: the commit does not depend on that tier. A clash is caught later:
+        by the durable copy's conditional create, or by ``archive()``'s (``ConflictError``)."""
+        try:
+            return tier.exists(key)
+        except StoreUnavailableError as exc:
+            log.warning("tiered store: could not check %r in %s (%s); committing without it", key, tier.url, exc)
+            return False
 
     def _fill_hot(self, key: str, data: Buffer) -> None:
         """Cache a durable write in hot. A failed fill drops the hot copy, so reads fall
