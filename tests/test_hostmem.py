@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from trainstore.errors import ConfigError
-from trainstore.hostmem import HUGE_PAGE, PAGE, HostBuffer, empty_array, empty_tensor, thp_mode
+from trainstore.hostmem import (
+    HUGE_PAGE,
+    PAGE,
+    HostBuffer,
+    empty_array,
+    empty_tensor,
+    round_up,
+    thp_mode,
+)
 
 THP_ON = thp_mode() in ("always", "madvise")
 
@@ -132,3 +140,15 @@ def test_pinned_buffer_takes_async_device_copies() -> None:
     assert torch.equal(host, dev.cpu())
     buf.close()
     assert not buf.pinned and not host.is_pinned()
+
+
+def test_populate_faults_in_just_the_range_on_threads_and_keeps_contents() -> None:
+    buf = HostBuffer(12 * HUGE_PAGE + 123, huge_pages=False, pin=False)
+    arr = buf.array()
+    arr[PAGE + 5] = 42  # one page of the range already written
+    assert buf.populate(PAGE, 9 * HUGE_PAGE, threads=3)
+    assert resident_bytes(buf.address + PAGE, 9 * HUGE_PAGE) == 9 * HUGE_PAGE
+    assert resident_bytes(buf.address + PAGE + 9 * HUGE_PAGE, 2 * HUGE_PAGE) == 0  # past the range: untouched
+    assert arr[PAGE + 5] == 42 and not arr[PAGE:PAGE + 5].any() and not arr[PAGE + 6:PAGE + 9 * HUGE_PAGE].any()
+    assert buf.populate(11 * HUGE_PAGE, 10 * HUGE_PAGE)  # clipped at the end of the buffer
+    assert resident_bytes(buf.address + 11 * HUGE_PAGE, buf.nbytes - 11 * HUGE_PAGE) == round_up(123, PAGE) + HUGE_PAGE

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.staging import Arena, Stager, plan_sizes, template_sizes
+from trainstore.checkpoint.staging import Arena, Stager, plan, plan_sizes, template_sizes
 from trainstore.checkpoint.state import flatten
 from trainstore.checkpoint.writer import WriteOptions
+from trainstore.hostmem import thp_mode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -125,3 +126,25 @@ def test_background_reserve_then_an_immediate_save_is_correct(tmp_path) -> None:
         got0, got1 = mgr.restore(0), mgr.restore(1)
     assert torch.equal(got0["w"], big["w"]) and torch.equal(got0["b"], big["b"])
     assert torch.equal(got1["w"], big2["w"]) and torch.equal(got1["b"], big2["b"])
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="needs transparent huge pages")
+def test_unreserved_first_save_stages_into_plain_pages_and_reserve_into_huge_pages() -> None:
+    """Huge-page faults taken during the first save's copy ran 3-10x slower than plain ones on
+    a loaded VM (benchmarks/first_touch.py): a fresh arena copied into on the clock uses plain
+    pages, populated before the copy; only ``reserve`` (off the clock) asks for huge pages."""
+    state = {"w": torch.randn(5 << 20), "b": torch.arange(1000, dtype=torch.int64)}  # ~20 MiB
+    _, leaves = flatten(state)
+    total = plan(leaves)[1]
+    stager = Stager(pin=False)
+    fresh = stager.acquire(total)
+    assert not fresh.buffer.huge_pages and resident_bytes(fresh.array) == 0
+    staged = stager.stage(leaves, fresh)
+    assert resident_bytes(fresh.array[:total]) == -(-total // PAGE) * PAGE
+    assert np.array_equal(np.frombuffer(staged[0].data, dtype=np.float32), state["w"].numpy())
+    reserving = Stager(pin=False)
+    reserving.reserve(total)
+    reserved = reserving.acquire(total)
+    assert reserved.buffer.huge_pages and resident_bytes(reserved.array) == -(-reserved.capacity // PAGE) * PAGE
+    staged = reserving.stage(leaves, reserved)
+    assert np.array_equal(np.frombuffer(staged[1].data, dtype=np.int64), np.arange(1000))

@@ -1,13 +1,17 @@
 """Reusable host staging buffers: the only work an async save does on the caller's time.
 
-An ``Arena`` is one contiguous ``hostmem.HostBuffer`` (huge pages where the kernel allows,
-pinned when CUDA is available, so device->host copies run at full speed) carved into slots,
-one per tensor: 4 KiB-aligned for large tensors (``O_DIRECT``-ready pieces), 64-byte for the
-rest. A fresh arena is never zeroed: the first save copies straight into untouched memory (one
-pass over it, not zero-then-copy), and every later save with the same or a smaller layout
-reuses it. ``Stager.reserve`` allocates and touches arenas ahead of the first save (off the
-training loop's clock, optionally in a background thread the first save waits for only if it
-still runs).
+An ``Arena`` is one contiguous ``hostmem.HostBuffer`` (pinned when CUDA is available, so
+device->host copies run at full speed) carved into slots, one per tensor: 4 KiB-aligned for
+large tensors (``O_DIRECT``-ready pieces), 64-byte for the rest. A fresh arena is never zeroed,
+and every later save with the same or a smaller layout reuses it.
+
+Page faults, not the copy, dominate a first save. ``Stager.reserve`` allocates and touches
+arenas ahead of the first save (off the training loop's clock, optionally in a background thread
+the first save waits for only if it still runs); only reserved arenas get huge pages, whose
+faults can be slow (on a loaded VM 3-10x slower than plain ones, benchmarks/first_touch.py). A
+fresh arena met by a save stays in plain pages and is populated with ``MADV_POPULATE_WRITE`` on
+``COPY_THREADS`` threads right before the copy (about 2x faster than faulting page by page in
+the copy itself).
 
 ``stage(leaves)`` copies every tensor of a flattened state into its slot and returns
 ``StagedTensor`` views (raw bytes) the background writer reads while training continues.
@@ -56,12 +60,14 @@ class StagedTensor:
 
 
 class Arena:
-    """One host buffer (huge pages; pinned with CUDA) reused across saves; untouched until
-    ``touch`` or the first copy into it."""
+    """One host buffer (pinned with CUDA) reused across saves; untouched until ``touch`` or
+    the first save into it (``fresh`` until then). ``huge_pages`` only for arenas touched off
+    the clock (``Stager.reserve``)."""
 
-    def __init__(self, nbytes: int, pin: bool | None = None) -> None:
+    def __init__(self, nbytes: int, pin: bool | None = None, huge_pages: bool = False) -> None:
         self.capacity = max(int(nbytes), ALIGN)
-        self.buffer = HostBuffer(self.capacity, pin=pin)
+        self.buffer = HostBuffer(self.capacity, huge_pages=huge_pages, pin=pin)
+        self.fresh = True  # no page touched yet: the first stage() populates what it needs
         self.pinned = self.buffer.pinned
         self.array = self.buffer.array()
         self.tensor = self.buffer.tensor() if torch is not None else None
@@ -71,6 +77,7 @@ class Arena:
 
     def touch(self, background: bool = False) -> None:
         """Fault every page in now, or in a background thread (``ready`` waits for it)."""
+        self.fresh = False
         if background:
             self.buffer.touch_async()
         else:
@@ -211,7 +218,7 @@ class Stager:
         for _ in range(count - have):
             with self._spare_lock:
                 self.allocations += 1
-            arena = Arena(int(total * 1.05) + ALIGN, self.pin)
+            arena = Arena(int(total * 1.05) + ALIGN, self.pin, huge_pages=True)
             arena.touch(background)
             self.release(arena)
 
@@ -220,6 +227,9 @@ class Stager:
         offsets, total = plan(leaves)
         assert total <= arena.capacity
         arena.ready()
+        if arena.fresh:  # first save into it: fault the used part in first, in parallel
+            arena.buffer.populate(0, total, threads=COPY_THREADS)
+            arena.fresh = False
         out: list[StagedTensor] = []
         cuda_used = False
         for leaf, off in zip(leaves, offsets):
