@@ -9,7 +9,8 @@ The parent writes the state once as a torch file (``state.pt``, also the torch.l
 a safetensors file and a trainstore checkpoint. Each measurement is one child process
 (``python benchmarks/checkpoint_cold.py --one METHOD --work DIR``) that torch.loads the state
 (untimed: it is the training process's own memory), measures the first-touch speed of fresh
-anonymous memory, then times one method and prints one JSON line. Rounds are interleaved
+anonymous memory, then times one method and prints one JSON line (``trainstore_reserve`` also
+reports how long ``reserve()`` took before the clock started: "off-clock s"). Rounds are interleaved
 (every method once per round); figures are medians, ratios are to torch.save+fsync (saves)
 and torch.load(weights_only=True) (restores) of the same run.
 
@@ -79,8 +80,9 @@ def first_touch_gbps(mib: int = TOUCH_MIB) -> float:
 
 # -- the timed methods (each runs once, in a fresh child) -----------------------------------
 
-def _save(method: str, state, out: str) -> tuple[float, float]:
-    """(blocking s, durable s) of one save of ``state`` under ``out``."""
+def _save(method: str, state, out: str) -> tuple[float, float, float]:
+    """(blocking s, durable s, s spent before the clock started: ``reserve()``) of one save of
+    ``state`` under ``out``."""
     if method == "torch_save":
         t = time.perf_counter()
         with open(out, "wb") as f:
@@ -88,7 +90,7 @@ def _save(method: str, state, out: str) -> tuple[float, float]:
             f.flush()
             os.fsync(f.fileno())
         d = time.perf_counter() - t
-        return d, d
+        return d, d, 0.0
     if method == "safetensors":
         from safetensors.torch import save_file
 
@@ -96,7 +98,7 @@ def _save(method: str, state, out: str) -> tuple[float, float]:
         save_file(flat_tensors(state), out)
         fsync_path(out)
         d = time.perf_counter() - t
-        return d, d
+        return d, d, 0.0
     if method == "dcp_async":
         import torch.distributed.checkpoint as dcp
 
@@ -107,18 +109,20 @@ def _save(method: str, state, out: str) -> tuple[float, float]:
         for d, _, fs in os.walk(out):
             for f in fs:
                 fsync_path(os.path.join(d, f))
-        return blocking, time.perf_counter() - t
+        return blocking, time.perf_counter() - t, 0.0
     if method in ("trainstore", "trainstore_reserve"):
         mgr = CheckpointManager(out, job="cold", policy=CheckpointPolicy(full_every=1, incremental_every=None))
+        t = time.perf_counter()
         if method == "trainstore_reserve":  # staging allocated and touched off the clock (model build time)
             mgr.reserve(state)
+        reserve = time.perf_counter() - t
         t = time.perf_counter()
         h = mgr.save(1, state)
         blocking = time.perf_counter() - t
         h.wait()
         durable = time.perf_counter() - t
         mgr.close()
-        return blocking, durable
+        return blocking, durable, reserve
     raise SystemExit(f"unknown save method {method!r}")
 
 
@@ -159,13 +163,14 @@ def child(method: str, work: str) -> dict:
         touch = first_touch_gbps()
         out = os.path.join(work, f"out-{method}-{os.getpid()}")
         try:
-            blocking, durable = _save(method, state, out)
+            blocking, durable, before = _save(method, state, out)
         finally:
             if os.path.isdir(out):
                 shutil.rmtree(out, ignore_errors=True)
             elif os.path.exists(out):
                 os.unlink(out)
-        return {"method": method, "blocking": blocking, "durable": durable, "touch_gbps": touch}
+        return {"method": method, "blocking": blocking, "durable": durable, "before_clock": before,
+                "touch_gbps": touch}
     touch = first_touch_gbps()
     return {"method": method, "restore": _restore(method, work), "touch_gbps": touch}
 
@@ -232,11 +237,12 @@ def run_cold(label: str, state, work: str, repeats: int, methods: list[str]) -> 
     ts = med.get("torch_save", {}).get("durable")
     saves = [m for m in methods if m in SAVE_METHODS and m in med]
     if saves:
-        print(f"  {'save method':<20}{'blocking s':>12}{'durable s':>12}{'block/torch':>13}{'durable/torch':>15}")
+        print(f"  {'save method':<20}{'blocking s':>12}{'durable s':>12}{'block/torch':>13}{'durable/torch':>15}"
+              f"{'off-clock s':>13}")
         for m in saves:
             b, d = med[m]["blocking"], med[m]["durable"]
             rel = f"{b / ts:>13.3f}{d / ts:>15.3f}" if ts else f"{'-':>13}{'-':>15}"
-            print(f"  {m:<20}{b:>12.3f}{d:>12.3f}{rel}")
+            print(f"  {m:<20}{b:>12.3f}{d:>12.3f}{rel}{med[m].get('before_clock', 0.0):>13.3f}")
     tl = med.get("torch_load", {}).get("restore")
     restores = [m for m in methods if m in RESTORE_METHODS and m in med]
     if restores:

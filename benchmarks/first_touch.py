@@ -10,7 +10,7 @@ Rounds are interleaved (every variant once per round); the parent prints medians
 Variants: ``huge`` / ``small`` (``HostBuffer`` with / without ``MADV_HUGEPAGE``), ``torch``
 (``torch.empty``), ``*_2t`` / ``*_4t`` (the copy split over 2 / 4 threads, as staging does for
 large tensors), ``populate_*`` (``MADV_POPULATE_WRITE`` first, on N threads, then the copy;
-both timed).
+both timed), ``again_*`` (a second copy into the same, now touched, buffer: the steady state).
 
     .venv/bin/python benchmarks/first_touch.py --mib 512 --rounds 5
 """
@@ -37,7 +37,8 @@ TOUCH_MIB = 256
 MADV_POPULATE_WRITE = 23
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-VARIANTS = ("huge", "small", "torch", "huge_2t", "small_2t", "small_4t", "populate_huge_2t", "populate_small_2t")
+VARIANTS = ("huge", "small", "torch", "huge_2t", "small_2t", "small_4t", "populate_huge_2t", "populate_small_1t",
+            "populate_small_2t", "populate_small_4t", "again_huge_2t", "again_small_2t")
 
 
 def first_touch_gbps(mib: int = TOUCH_MIB) -> float:
@@ -103,6 +104,9 @@ def child(variant: str, mib: int) -> dict:
             populate(buf, threads)
         dst = buf.array()
     split_copy(dst, src, threads)
+    if variant.startswith("again"):  # time only a second copy into the now-touched memory
+        t = time.perf_counter()
+        split_copy(dst, src, threads)
     d = time.perf_counter() - t
     assert dst[n - 1] == 7 and dst[0] == 7
     vm = {k: v - vm_before.get(k, 0) for k, v in vmstat(*VMSTAT).items()}  # system-wide
