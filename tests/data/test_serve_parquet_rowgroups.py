@@ -3,6 +3,8 @@ group decoded once from the cached file, corrupt row groups named, remote reads 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -166,3 +168,62 @@ def test_remote_read_fetches_only_the_needed_ranges(tmp_path, s3_url):
     again = store.bytes_read
     ds.take([PER_SHARD + 5], ranges=True)  # row group 0 again: decoded already, nothing fetched
     assert store.bytes_read == again
+
+
+def _wait_for(predicate, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_row_groups_are_decoded_ahead_of_the_consumer(tmp_path):
+    """With the consumer paused after its first batch, the row groups of later block windows
+    (which the batch threads, 2 batches ahead, never reach) get decoded by the decode-ahead
+    threads; the rest of the epoch then decodes nothing and serves the arrow-ipc batches."""
+    store = open_store(str(tmp_path / "s"))
+    _write_both(store, _table(), compression="zstd")
+    groups = ROWS // PER_GROUP
+    loaders = [Loader(Dataset(store, ref, cache_dir=tmp_path / f"hot-{ref}"), batch_size=16, seed=3,
+                      shuffle_mode="block", block_shards=2, workers=1, prefetch=1) for ref in ("arr@1", "pq@1")]
+    ds = loaders[1].dataset
+    arr_it, pq_it = iter(loaders[0]), iter(loaders[1])
+    pairs = [(next(arr_it), next(pq_it))]
+    # batches 1-2 (in the batch threads) need the first window's row groups only: the second
+    # window's 8 groups can only be decoded ahead
+    assert _wait_for(lambda: ds.row_group_stats()["decoded"] == groups), ds.row_group_stats()
+    stats = ds.row_group_stats()
+    assert stats["decoded_ahead"] >= groups // 2 and stats["evicted"] == 0
+    pairs += list(zip(arr_it, pq_it, strict=True))
+    assert len(pairs) == ROWS // 16
+    for a, p in pairs:
+        assert all(np.array_equal(a[n], p[n]) for n in a)
+    assert ds.row_group_stats()["decoded"] == groups  # each once: the consumer found them decoded
+    for ld in loaders:
+        ld.close()
+
+
+def test_decode_ahead_error_reaches_the_consumer_naming_file_and_row_group(tmp_path):
+    table = _table(60)
+    root = tmp_path / "ext"
+    root.mkdir()
+    data = bytearray(_parquet_bytes(table, compression="none", write_page_checksum=True).to_pybytes())
+    _corrupt_value_in_group(data, pq.read_metadata(pa.BufferReader(bytes(data))), 2, "x")
+    (root / "a.parquet").write_bytes(bytes(data))
+    ds = Dataset.open(str(root), cache_dir=tmp_path / "hot")
+    loader = Loader(ds, batch_size=8, shuffle=False, workers=1, prefetch=0)
+    it = iter(loader)
+    first = next(it)  # rows 0-7 (group 0); batch 1 (groups 0-1) is being assembled
+    assert first["i"].tolist() == list(range(8))
+    # group 2 (rows 30-44, first needed by batch 3) is reached by decode-ahead alone: it fails there
+    assert _wait_for(lambda: ds.row_group_stats()["failed"] == 1), ds.row_group_stats()
+    assert _wait_for(lambda: ds.row_group_stats()["decoded_ahead"] >= 1)  # group 3 all the same
+    got = [first]
+    with pytest.raises(IntegrityError, match=r"a\.parquet.*row group 2"):
+        for batch in it:
+            got.append(batch)
+    assert [int(b["i"][0]) for b in got] == [0, 8, 16]  # batches before the damaged group arrived
+    assert ds.row_group_stats()["failed"] == 2  # the consumer's own decode failed too: not cached
+    loader.close()

@@ -36,6 +36,7 @@ from .external import describe_external
 from .open_shard import OpenShard, column_spec
 from .options import CACHE_FREE_FRACTION, DatasetConfig, default_cache_limit, resolve_cache_dir
 from .parquet import CachedParquetShard, ParquetRows
+from .rowgroups import DecodedGroups
 
 #: an open shard: a mapped Arrow file, or a Parquet file decoded by row group
 ServedShard = OpenShard | CachedParquetShard
@@ -292,15 +293,22 @@ class Dataset:
 
     def row_group_stats(self) -> dict[str, int]:
         """This process's Parquet row-group decoding: groups ``decoded`` (and their
-        ``decoded_bytes``), cache ``hits``, ``evicted``, ``held_bytes`` / ``budget_bytes``, and
+        ``decoded_bytes``; ``decoded_ahead`` of them by the loader's decode-ahead), decodes that
+        ``failed``, cache ``hits``, ``evicted``, ``held_bytes`` / ``budget_bytes``, and
         ``fetched_bytes`` read by byte ranges (all 0 for other layouts)."""
         self._check_pid()
         if self._ranges is None:
-            return dict.fromkeys(("decoded", "decoded_bytes", "hits", "evicted", "held_bytes", "budget_bytes",
-                                  "fetched_bytes"), 0)
+            return dict.fromkeys(("decoded", "decoded_bytes", "decoded_ahead", "failed", "hits", "evicted",
+                                  "held_bytes", "budget_bytes", "fetched_bytes"), 0)
         groups = self._ranges.groups
         return {**asdict(groups.stats), "held_bytes": groups.held_bytes, "budget_bytes": groups.budget_bytes,
                 "fetched_bytes": self._ranges.fetched_bytes}
+
+    @property
+    def decoded_groups(self) -> DecodedGroups | None:
+        """This process's decoded Parquet row groups (``None`` for other layouts)."""
+        self._check_pid()
+        return self._ranges.groups if self._ranges is not None else None
 
     @property
     def cache(self) -> NodeCache:

@@ -27,6 +27,7 @@ import numpy as np
 from ...bytebudget import ByteBudget
 from ...errors import ConfigError
 from .dataset import Dataset, DatasetConfig
+from .decodeahead import DecodeAhead
 from .exchange import ExchangeStep, RowExchange
 from .fill import FillPlan, ShardFiller
 from .meter import IOWaitMeter, MeterConfig
@@ -50,12 +51,15 @@ class LoaderConfig:
     prefetch_retries: int = 3  # a shard fill failing with a transient StoreError is retried this often
     prefetch_backoff_s: float = 0.2  # first retry delay, doubling
     fill_concurrency: int = 4  # shards filled into the node cache at once (serve.fill)
+    decode_ahead: int = 2  # threads decoding Parquet row groups ahead of use (serve.decodeahead); 0: off
 
     def __post_init__(self) -> None:
         if self.prefetch_retries < 0 or self.prefetch_backoff_s < 0:
             raise ConfigError("prefetch_retries and prefetch_backoff_s must be >= 0")
         if self.fill_concurrency <= 0:
             raise ConfigError(f"fill_concurrency must be positive, got {self.fill_concurrency}")
+        if self.decode_ahead < 0:
+            raise ConfigError(f"decode_ahead must be >= 0, got {self.decode_ahead}")
         if self.prefetch < 0 or self.workers <= 0:
             raise ConfigError(f"prefetch must be >= 0 and workers > 0, got {self.prefetch}, {self.workers}")
 
@@ -102,6 +106,7 @@ class Loader:
         meter: MeterConfig | None = None,
         exchange: bool = False,
         exchange_group: Any = None,
+        decode_ahead: int = 2,
     ) -> None:
         if not isinstance(dataset, Dataset):
             raise ConfigError(f"Loader needs a trainstore.data.Dataset, got {type(dataset).__name__}")
@@ -118,7 +123,8 @@ class Loader:
             )
         self.dataset = dataset
         self.config = LoaderConfig(batch_size, shuffle, seed, shuffle_mode if shuffle else "none",
-                                   block_shards, prefetch, workers, drop_last, as_torch)
+                                   block_shards, prefetch, workers, drop_last, as_torch,
+                                   decode_ahead=decode_ahead)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         self.collate = collate
         # exchange mode (serve.exchange): read only owned shards, swap rows over torch.distributed
@@ -320,6 +326,10 @@ class _EpochRun:
             concurrency=cfg.fill_concurrency, retries=cfg.prefetch_retries,
             backoff_s=cfg.prefetch_backoff_s, on_all_filled=loader.meter.mark_warm,
         )
+        # Parquet: row groups decoded ahead of the batch threads (serve.decodeahead)
+        self.decoder = (DecodeAhead(self.ds, [b.reads if isinstance(b, ExchangeStep) else b for b in batches],
+                                    start, threads=cfg.decode_ahead)
+                        if cfg.decode_ahead and self.ds.decoded_groups is not None else None)
         self._top_up()
 
     def all_submitted(self) -> bool:
@@ -360,6 +370,8 @@ class _EpochRun:
 
     def _retire(self, b: int) -> None:
         self.filler.batch_consumed(b)
+        if self.decoder is not None:
+            self.decoder.batch_consumed(b)
         for s in self.done_with.get(b, []):  # not needed again this epoch
             self.ds.close_shard(s, evict=self.loader._evict_done)
 
@@ -370,6 +382,8 @@ class _EpochRun:
         for f in self.pending:
             f.cancel()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.decoder is not None:
+            self.decoder.close()
         self.filler.close()
 
 

@@ -166,6 +166,15 @@ class ParquetRows:
             self._raise_floor()
         return self._views(shard, group, table)
 
+    def group_of(self, shard: int, local: np.ndarray) -> np.ndarray:
+        """Row group of each of ``shard``'s rows ``local`` (its footer read already)."""
+        return np.searchsorted(self._starts[shard], local, side="right") - 1
+
+    def decoded_estimate(self, meta: pq.FileMetaData, group: int) -> int:
+        """Bytes row group ``group`` of a file with footer ``meta`` takes decoded (its
+        uncompressed size times the largest decoded/uncompressed ratio seen)."""
+        return int(meta.row_group(group).total_byte_size * self._ratio)
+
     # -- rows by row group, from either source ---------------------------------------------------
     def row_from(self, shard: int, local: int, group_of: Callable[[int], GroupViews]) -> dict[str, np.ndarray]:
         starts = self._starts[shard]
@@ -261,6 +270,19 @@ class CachedParquetShard:
 
     def _group(self, group: int) -> GroupViews:
         return self.rows.groups.get((self.shard, group), lambda: self._decode(group))
+
+    def group_of(self, local: np.ndarray) -> np.ndarray:
+        """Row group of each of this shard's rows ``local``."""
+        return self.rows.group_of(self.shard, local)
+
+    def group_bytes(self, group: int) -> int:
+        """Estimated decoded size of row group ``group``."""
+        return self.rows.decoded_estimate(self.meta, group)
+
+    def decode_ahead(self, group: int) -> bool:
+        """Decode row group ``group`` into the shared LRU before it is asked for (unless it is
+        held or being decoded); True if decoded here. Raises ``IntegrityError`` if it does not decode."""
+        return self.rows.groups.decode_ahead((self.shard, group), lambda: self._decode(group))
 
     def row(self, local: int) -> dict[str, np.ndarray]:
         return self.rows.row_from(self.shard, local, self._group)

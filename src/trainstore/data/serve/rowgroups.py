@@ -5,6 +5,9 @@ Served Parquet rows come out of decoded row groups (numpy views over the Arrow c
 once ``budget_bytes`` is exceeded (the group just decoded always stays). Two threads asking
 for the same group while it decodes share one decode: the second waits for the first's
 result (or its error). Groups of different shards decode in parallel (pyarrow releases the GIL).
+``decode_ahead`` decodes a group before it is asked for (``serve.decodeahead``) without
+counting a hit or reordering the LRU; a decode that raises is not kept, the next request
+decodes again (and raises again).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class DecodeStats:
 
     decoded: int = 0  # row groups decoded
     decoded_bytes: int = 0  # their decoded (Arrow) size
+    decoded_ahead: int = 0  # of those, decoded ahead of a request (decode-ahead threads)
+    failed: int = 0  # decodes that raised (a damaged row group)
     hits: int = 0  # requests served from the cache
     evicted: int = 0  # groups dropped for the budget
 
@@ -80,11 +85,26 @@ class DecodedGroups:
                 owner = False
         if not owner:
             return pending.result()
+        return self._decode(key, pending, decode, ahead=False)
+
+    def decode_ahead(self, key: GroupKey, decode: Callable[[], tuple[GroupViews, int]]) -> bool:
+        """Decode group ``key`` now unless it is held or being decoded; True if decoded here.
+        Raises what ``decode`` raises (a request waiting on it gets the same error)."""
+        with self._lock:
+            if key in self._groups or key in self._decoding:
+                return False
+            pending = self._decoding[key] = Future()
+        self._decode(key, pending, decode, ahead=True)
+        return True
+
+    def _decode(self, key: GroupKey, pending: Future[GroupViews], decode: Callable[[], tuple[GroupViews, int]],
+                *, ahead: bool) -> GroupViews:
         try:
             views, size = decode()
         except BaseException as exc:
             with self._lock:
                 del self._decoding[key]
+                self.stats.failed += 1
             pending.set_exception(exc)
             raise
         with self._lock:
@@ -92,6 +112,7 @@ class DecodedGroups:
             self._groups[key] = (views, size)
             self._held += size
             self.stats.decoded += 1
+            self.stats.decoded_ahead += ahead
             self.stats.decoded_bytes += size
             while self._held > self.budget_bytes and len(self._groups) > 1:
                 _, (_, old) = self._groups.popitem(last=False)
@@ -99,6 +120,5 @@ class DecodedGroups:
                 self.stats.evicted += 1
         pending.set_result(views)
         return views
-
 
 __all__ = ["DecodeStats", "DecodedGroups", "GroupKey", "GroupViews"]
