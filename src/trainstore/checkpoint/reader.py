@@ -1,7 +1,8 @@
 """Restore: decode a manifest's chunks straight into destination tensor memory.
 
-Fresh destinations are allocated once at their final size (``hostmem``: huge pages, 4 KiB
-aligned, for tensors of 2 MiB and more) and every piece is read straight into its slice
+Fresh destinations are allocated once at their final size (``hostmem``: 4 KiB aligned, for
+tensors of 2 MiB and more; huge pages only with ``HUGE_PAGES``) and every piece is read
+straight into its slice
 (``chunkread.get_into``: ``preadv`` / ``O_DIRECT`` for raw pieces, hashed as read; the checks
 of ``ChunkStore.get``: length, decode, BLAKE3 re-hash); XOR
 deltas are decoded into the destination, the base chunk into a per-thread scratch buffer,
@@ -56,9 +57,13 @@ _tls = threading.local()
 #: ``restore_into`` holds at most this many bytes of decoded, verified tensors before copying
 #: them into the target; tensors past it are verified first and read a second time.
 SCRATCH_BYTES = 1 << 30
-#: Fresh destinations of at least this many bytes get their own huge-page, 4 KiB-aligned
-#: ``hostmem`` mapping (one fault per 2 MiB, ``O_DIRECT``-ready); smaller ones ``torch.empty``.
+#: Fresh destinations of at least this many bytes get their own 4 KiB-aligned ``hostmem``
+#: mapping (``O_DIRECT``-ready); smaller ones ``torch.empty``.
 HOSTMEM_MIN_BYTES = HUGE_PAGE
+#: Ask for transparent huge pages on those mappings. Off: on the 2-core VMs measured, a fresh
+#: huge-page fault (THP ``madvise`` mode, direct compaction) made a 1 GiB restore 3-4x slower
+#: than 4 KiB pages (docs/benchmarks.md, "Restore into fresh memory").
+HUGE_PAGES = False
 
 
 def _read_piece(chunks: ChunkStore, entry: Any, out: Any) -> None:
@@ -167,7 +172,7 @@ def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
     if entry.dtype.startswith("torch."):
         dtype = parse_torch_dtype(entry.dtype)
         _check_size(entry, dtype.itemsize)
-        t = _alloc(lambda: empty_tensor(tuple(entry.shape), dtype) if entry.nbytes >= HOSTMEM_MIN_BYTES
+        t = _alloc(lambda: empty_tensor(tuple(entry.shape), dtype, huge_pages=HUGE_PAGES) if entry.nbytes >= HOSTMEM_MIN_BYTES
                    else torch.empty(entry.shape, dtype=dtype), entry)
         nbytes = t.numel() * t.element_size()
         if nbytes != entry.nbytes:
@@ -175,7 +180,7 @@ def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
         return t, (t.reshape(-1).view(torch.uint8).numpy() if nbytes else np.empty(0, np.uint8))
     np_dtype = parse_numpy_dtype(entry.dtype)
     _check_size(entry, np_dtype.itemsize)
-    a = _alloc(lambda: empty_array(tuple(entry.shape), np_dtype) if entry.nbytes >= HOSTMEM_MIN_BYTES
+    a = _alloc(lambda: empty_array(tuple(entry.shape), np_dtype, huge_pages=HUGE_PAGES) if entry.nbytes >= HOSTMEM_MIN_BYTES
                else np.empty(entry.shape, dtype=np_dtype), entry)
     if a.nbytes != entry.nbytes:
         raise ManifestError(f"array of shape {entry.shape} {entry.dtype} is {a.nbytes} bytes, manifest says {entry.nbytes}")
