@@ -15,7 +15,8 @@ from trainstore import open_store
 from trainstore.chunks import content_hash
 from trainstore.data import Dataset, Loader
 from trainstore.data.layouts import PARQUET, ROW_GROUP_BYTES
-from trainstore.data.serve import write_arrow_dataset
+from trainstore.data.serve import DatasetConfig, write_arrow_dataset
+from trainstore.data.serve.decodeahead import DecodeAhead
 from trainstore.data.versions import ShardInfo, derive, shards_prefix
 from trainstore.errors import IntegrityError
 
@@ -227,3 +228,37 @@ def test_decode_ahead_error_reaches_the_consumer_naming_file_and_row_group(tmp_p
     assert [int(b["i"][0]) for b in got] == [0, 8, 16]  # batches before the damaged group arrived
     assert ds.row_group_stats()["failed"] == 2  # the consumer's own decode failed too: not cached
     loader.close()
+
+
+def test_decode_ahead_keeps_the_groups_still_needed_within_the_budget(tmp_path):
+    """Budget of 1.5 block windows of decoded groups: decoding the next window ahead stops at
+    the budget until the current window's last batch is consumed, so no group is pushed out
+    while still needed and each is decoded once (decoding everything at once would evict)."""
+    store = open_store(str(tmp_path / "s"))
+    _write_both(store, _table(), compression="zstd")
+    probe = Dataset(store, "pq@1", cache_dir=tmp_path / "hot-probe")
+    probe.take(np.arange(ROWS))
+    group_bytes = probe.row_group_stats()["decoded_bytes"] // (ROWS // PER_GROUP)
+    ds = Dataset(store, "pq@1", config=DatasetConfig(cache_dir=str(tmp_path / "hot"), max_open_bytes=12 * group_bytes))
+    for s in range(len(ds.shards)):
+        ds.prefetch_shard(s)
+    rng = np.random.default_rng(4)
+    order = np.concatenate([rng.permutation(np.arange(w, w + 2 * PER_SHARD)) for w in (0, 2 * PER_SHARD)])
+    batches = [order[i:i + 16] for i in range(0, ROWS, 16)]
+    ahead = DecodeAhead(ds, batches, 0, threads=2)
+    try:
+        # the first window (8 groups) and at most 4 of the second fit (sizes are estimated from
+        # the footer before a group is decoded: a little more at first); the rest waits for
+        # batch 7, the last one reading the first window, to be consumed
+        assert _wait_for(lambda: ds.row_group_stats()["decoded_ahead"] >= 8), ds.row_group_stats()
+        time.sleep(0.5)
+        stats = ds.row_group_stats()
+        assert stats["decoded"] <= 12 and stats["evicted"] == 0, stats
+        for b, rows in enumerate(batches):
+            assert np.array_equal(ds.take(rows)["i"], rows)
+            ahead.batch_consumed(b)
+            time.sleep(0.02)
+    finally:
+        ahead.close()
+    stats = ds.row_group_stats()
+    assert stats["decoded"] == ROWS // PER_GROUP, stats  # each once: nothing needed was evicted

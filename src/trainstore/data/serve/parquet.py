@@ -118,7 +118,8 @@ class ParquetRows:
         self.groups = DecodedGroups(budget_bytes)
         self.window_floor, self.verify = window_floor, verify
         self._largest = 0  # the largest shard's uncompressed size (footer)
-        self._ratio = 1.0  # the largest decoded (Arrow) / uncompressed (Parquet) size seen
+        self._ratio = 1.0  # the largest decoded (Arrow) / uncompressed (Parquet) size seen, at least 1
+        self._seen_ratio = 0.0  # the same, as seen (0: nothing decoded yet)
         self._starts: dict[int, np.ndarray] = {}
         self._ranged: dict[int, _RangedShard] = {}
         self._lock = threading.Lock()
@@ -161,6 +162,8 @@ class ParquetRows:
         except (pa.ArrowException, OSError) as exc:  # a damaged page, a page CRC mismatch
             raise IntegrityError(f"{self.where(shard)}: row group {group} does not decode ({exc})") from None
         plain = file.metadata.row_group(group).total_byte_size
+        if plain:
+            self._seen_ratio = max(self._seen_ratio, table.nbytes / plain)
         if plain and table.nbytes > plain * self._ratio:
             self._ratio = table.nbytes / plain
             self._raise_floor()
@@ -172,8 +175,8 @@ class ParquetRows:
 
     def decoded_estimate(self, meta: pq.FileMetaData, group: int) -> int:
         """Bytes row group ``group`` of a file with footer ``meta`` takes decoded (its
-        uncompressed size times the largest decoded/uncompressed ratio seen)."""
-        return int(meta.row_group(group).total_byte_size * self._ratio)
+        uncompressed size times the largest decoded/uncompressed ratio seen, 1 before any)."""
+        return int(meta.row_group(group).total_byte_size * (self._seen_ratio or 1.0))
 
     # -- rows by row group, from either source ---------------------------------------------------
     def row_from(self, shard: int, local: int, group_of: Callable[[int], GroupViews]) -> dict[str, np.ndarray]:

@@ -6,8 +6,9 @@ once ``budget_bytes`` is exceeded (the group just decoded always stays). Two thr
 for the same group while it decodes share one decode: the second waits for the first's
 result (or its error). Groups of different shards decode in parallel (pyarrow releases the GIL).
 ``decode_ahead`` decodes a group before it is asked for (``serve.decodeahead``) without
-counting a hit or reordering the LRU; a decode that raises is not kept, the next request
-decodes again (and raises again).
+counting a hit; until first asked for, such a group goes only after every other one (else
+groups in use, touched by every batch, would push out the ones decoded for coming batches). A
+decode that raises is not kept: the next request decodes again (and raises again).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class DecodedGroups:
         self.stats = DecodeStats()
         self._groups: OrderedDict[GroupKey, tuple[GroupViews, int]] = OrderedDict()
         self._decoding: dict[GroupKey, Future[GroupViews]] = {}
+        self._unasked: set[GroupKey] = set()  # decoded ahead, not asked for yet
         self._held = 0
         self._lock = threading.Lock()
 
@@ -61,6 +63,7 @@ class DecodedGroups:
         """Drop every decoded group held (to free the memory; later reads decode again)."""
         with self._lock:
             self._groups.clear()
+            self._unasked.clear()
             self._held = 0
 
     def demote(self, shard: int) -> None:
@@ -68,6 +71,7 @@ class DecodedGroups:
         with self._lock:
             for key in [k for k in self._groups if k[0] == shard]:
                 self._groups.move_to_end(key, last=False)
+                self._unasked.discard(key)
 
     def get(self, key: GroupKey, decode: Callable[[], tuple[GroupViews, int]]) -> GroupViews:
         """The views of group ``key``; ``decode()`` -> (views, bytes) runs if it is not held."""
@@ -75,6 +79,7 @@ class DecodedGroups:
             hit = self._groups.get(key)
             if hit is not None:
                 self._groups.move_to_end(key)
+                self._unasked.discard(key)
                 self.stats.hits += 1
                 return hit[0]
             pending = self._decoding.get(key)
@@ -114,11 +119,22 @@ class DecodedGroups:
             self.stats.decoded += 1
             self.stats.decoded_ahead += ahead
             self.stats.decoded_bytes += size
-            while self._held > self.budget_bytes and len(self._groups) > 1:
-                _, (_, old) = self._groups.popitem(last=False)
-                self._held -= old
-                self.stats.evicted += 1
+            if ahead:
+                self._unasked.add(key)
+            self._evict(keep=key)
         pending.set_result(views)
         return views
+
+    def _evict(self, keep: GroupKey) -> None:
+        """Drop least recently used groups (those decoded ahead and not asked for last, ``keep``
+        never) until the budget holds; the lock is held."""
+        while self._held > self.budget_bytes and len(self._groups) > 1:
+            victim = next((k for k in self._groups if k not in self._unasked and k != keep), None)
+            if victim is None:
+                victim = next(k for k in self._groups if k != keep)
+            _, old = self._groups.pop(victim)
+            self._unasked.discard(victim)
+            self._held -= old
+            self.stats.evicted += 1
 
 __all__ = ["DecodeStats", "DecodedGroups", "GroupKey", "GroupViews"]
