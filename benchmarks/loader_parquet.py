@@ -10,7 +10,7 @@ store over the three epochs and Parquet row groups decoded (``Dataset.row_group_
 ``ds[i]`` to Parquet rows not cached (row groups fetched by byte ranges), bytes per row.
 
 Run: ``.venv/bin/python benchmarks/loader_parquet.py`` (``--samples``, ``--sample-kb``,
-``--compute-ms``, ``--json``).
+``--compute-ms``, ``--decode-ahead`` threads, 0 = off; ``--json``).
 """
 
 from __future__ import annotations
@@ -69,10 +69,11 @@ def epoch(loader: Loader, compute_s: float) -> tuple[float, int, float]:
     return time.perf_counter() - t0, n, computed
 
 
-def measure(store, ref: str, cache: str, batch: int, compute_s: float) -> dict:
+def measure(store, ref: str, cache: str, batch: int, compute_s: float, decode_ahead: int) -> dict:
     shutil.rmtree(cache, ignore_errors=True)
     ds = Dataset(store, ref, cache_dir=cache)
-    loader = Loader(ds, batch_size=batch, seed=0, shuffle_mode="block", workers=2, prefetch=4)
+    loader = Loader(ds, batch_size=batch, seed=0, shuffle_mode="block", workers=2, prefetch=4,
+                    decode_ahead=decode_ahead)
     cold, n, _ = epoch(loader, 0.0)
     warm, n, _ = epoch(loader, 0.0)
     wall, _, computed = epoch(loader, compute_s)
@@ -81,7 +82,8 @@ def measure(store, ref: str, cache: str, batch: int, compute_s: float) -> dict:
     loader.close()
     return {"cold_samples_per_s": round(n / cold), "warm_samples_per_s": round(n / warm),
             "au_at_compute": round(computed / wall, 3), "store_mb_read_3_epochs": round(fetched / 1e6, 1),
-            "row_groups_decoded": groups["decoded"], "decoded_mb": round(groups["decoded_bytes"] / 1e6, 1)}
+            "row_groups_decoded": groups["decoded"], "decoded_ahead": groups["decoded_ahead"],
+            "decoded_mb": round(groups["decoded_bytes"] / 1e6, 1)}
 
 
 def random_access(store, cache: str, n: int, probes: int) -> dict:
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--row-group", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--compute-ms", type=float, default=20.0)
+    ap.add_argument("--decode-ahead", type=int, default=2, help="Loader decode_ahead threads (0: off)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     width = a.sample_kb * 1024 // 4
@@ -117,7 +120,7 @@ def main() -> None:
         for where, store in stores.items():
             write_both(store, a.samples, width, a.rows_per_shard, a.row_group)
             for ref, layout in (("feat@1", "arrow-ipc"), ("featpq@1", "parquet")):
-                r = measure(store, ref, os.path.join(tmp, "cache"), a.batch, a.compute_ms / 1000)
+                r = measure(store, ref, os.path.join(tmp, "cache"), a.batch, a.compute_ms / 1000, a.decode_ahead)
                 r.update(store=where, layout=layout)
                 print(json.dumps(r), flush=True)
                 out["results"].append(r)

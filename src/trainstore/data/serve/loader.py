@@ -4,8 +4,10 @@ Pipeline per rank: the epoch plan (``sampler``) gives this rank's sample order; 
 thread fills the shards that upcoming batches need into the hot tier (``NodeCache``) ahead of
 use; ``workers`` threads assemble batches ``N+1 .. N+prefetch`` (``Dataset.take``: one numpy
 gather per shard from memory-mapped Arrow files, the GIL released) while batch ``N`` is being
-consumed. When the cache limit is smaller than what the rank reads, shards whose last use in
-this epoch has passed are evicted at once, so the space goes to shards still needed.
+consumed. For a ``parquet`` version, ``decode_ahead`` threads decode the row groups upcoming
+batches need as soon as their shard is filled (``decodeahead``). When the cache limit is
+smaller than what the rank reads, shards whose last use in this epoch has passed are evicted
+at once, so the space goes to shards still needed.
 
 ``state_dict()`` is a small JSON-able dict (epoch, batches consumed, seed, world size, and the
 world sizes earlier parts of this epoch ran with); ``load_state_dict`` resumes exactly after
