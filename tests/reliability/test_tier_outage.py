@@ -213,3 +213,29 @@ def test_hot_saves_succeed_while_the_archive_is_down(tmp_path, fault_proxy, flak
         fault_proxy.outage = None
         assert [s.tiers for s in tiers.status("run")] == ["hot/durable", "hot/durable"]
     tiers.close()
+
+
+def test_dcp_incremental_save_on_hot_while_durable_is_down(tmp_path, fault_proxy, flaky_s3):
+    """The distributed writer (one process, DCP's no_dist mode) on a write-back tiered store:
+    its existence check, its base lookup for an incremental and its commit ask hot only."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from trainstore.dcp import StorageReader, StorageWriter
+    from trainstore.store.tiered import TieredStore
+
+    url, opts = flaky_s3
+    store = TieredStore(open_store(str(tmp_path / "hot")), open_store(url, **opts), write_back=True)
+    w0 = torch.randn(64, 33, generator=torch.Generator().manual_seed(0))
+    dcp.save({"w": w0}, storage_writer=StorageWriter(store, "run", options=SMALL), checkpoint_id=0, no_dist=True)
+    fault_proxy.outage = "reset"
+    w1 = w0.clone()
+    w1[0, :5] += 1
+    dcp.save({"w": w1}, storage_writer=StorageWriter(store, "run", kind="incremental", options=SMALL),
+             checkpoint_id=1, no_dist=True)
+    m = mf.load_manifest(store.hot, "run", 1)
+    assert m.kind == "incremental" and m.base_step == 0
+    out = {"w": torch.zeros(64, 33)}
+    dcp.load(out, storage_reader=StorageReader(store.hot, "run", 1), no_dist=True)
+    assert torch.equal(out["w"], w1)
+    fault_proxy.outage = None

@@ -211,7 +211,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
             raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {self.store.url}")
         kind, base = self.kind, None
         if kind == "incremental":
-            base = find_base(self.store, self.job, step)  # type: ignore[arg-type]
+            base = find_base(self.store.write_view(), self.job, step)  # type: ignore[union-attr]  # as single.py
             if base is None:
                 log.info("step %s: no full distributed checkpoint to diff against, saving a full one", step)
                 kind = "full"
