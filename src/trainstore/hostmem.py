@@ -11,6 +11,11 @@ huge pages; ``torch.empty(pin_memory=True)`` would not), and it can be pre-touch
 background thread (``MADV_POPULATE_WRITE`` through ``ctypes``, which releases the GIL and
 leaves the contents alone).
 
+Huge pages pay off when touched off the clock (``touch``): a huge-page fault taken inside a
+timed copy ran ~6x slower than plain 4 KiB faults on a loaded VM (benchmarks/first_touch.py;
+no compaction involved), so callers that copy into fresh memory on the clock pass
+``huge_pages=False`` and ``populate`` first (checkpoint staging does).
+
 Only the sizes past one huge page get huge pages: the tail after the last whole 2 MiB stays in
 4 KiB pages, so a buffer never holds more than it was asked for plus one 4 KiB page.
 
