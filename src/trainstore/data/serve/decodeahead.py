@@ -47,7 +47,8 @@ class DecodeAhead:
         if groups is None:
             raise ConfigError(f"{ds.version.id} is not a parquet version: nothing to decode ahead")
         self.ds, self.groups = ds, groups
-        self._reads = self._reads_by_shard(ds, batches, start)
+        self._batches, self._start = batches, start
+        self._reads: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by the walk thread
         self._consumed = start  # batches before this one have been consumed
         self._live = 0  # estimated decoded bytes of handed-out groups still needed
         self._ends: dict[int, list[int]] = {}  # last batch -> sizes released once it is consumed
@@ -83,6 +84,7 @@ class DecodeAhead:
             log.debug("decode-ahead of %s stopped: %s: %s", self.ds.version.id, type(exc).__name__, exc)
 
     def _schedule(self) -> None:
+        self._reads = self._reads_by_shard(self.ds, self._batches, self._start)
         shards = sorted(self._reads, key=lambda s: (int(self._reads[s][1][0]), s))
         jobs: list[_Job] = []
         i = 0
@@ -96,7 +98,7 @@ class DecodeAhead:
                 return
             _first, s, g, last, size = heapq.heappop(jobs)
             if self._admit(size, last):
-                self._pool.submit(self._decode, s, g)
+                self._pool.submit(self._decode, s, g, last)
 
     def _plan(self, s: int) -> list[_Job]:
         """The row groups of shard ``s`` the plan reads, once the shard is in the node cache."""
@@ -140,8 +142,11 @@ class DecodeAhead:
             self._ends.setdefault(last, []).append(size)
             return True
 
-    def _decode(self, s: int, g: int) -> None:
-        if self._closed:
+    def _decode(self, s: int, g: int, last: int) -> None:
+        with self._cv:
+            if self._closed or self._consumed > last:
+                return
+        if not self.ds.cache.contains(self.ds.shards[s].key):  # evicted meanwhile: not fetched again
             return
         try:
             op = self.ds.acquire(s)
