@@ -20,7 +20,7 @@ from trainstore.dcp import StorageReader, StorageWriter, describe_failure
 from trainstore.errors import StoreError
 from trainstore.store.local import LocalStore
 
-SMALL = WriteOptions(chunk_bytes=4096, workers=2)
+SMALL = WriteOptions(chunk_bytes=4096, workers=2, pack_below=0)  # scenarios count chunk writes and pick deltas
 
 
 def full_tensors(seed: int = 0, bump: float = 0.0) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ from trainstore.store import open_store
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::UserWarning")]
 SMALL = WriteOptions(chunk_bytes=4096, workers=2)
+CHUNKED = WriteOptions(chunk_bytes=4096, workers=2, pack_below=0)  # small tensors as chunks, not packs
 
 
 def state(seed: int) -> dict:
@@ -50,13 +51,16 @@ def test_s3_roundtrip_with_url_checkpoint_id(s3_url):
     assert m.kind == "incremental" and all(c.same_as_base for t in m.tensors.values() for c in t.chunks)
 
 
-def test_manager_restore_falls_back_past_a_corrupt_distributed_checkpoint(tmp_path):
+@pytest.mark.parametrize("options", [CHUNKED, SMALL], ids=["chunks", "packs"])
+def test_manager_restore_falls_back_past_a_corrupt_distributed_checkpoint(tmp_path, options):
     root = str(tmp_path)
     for step in (1, 2):
-        dcp.save(state(step), storage_writer=StorageWriter(root, "j", options=SMALL), checkpoint_id=step, no_dist=True)
+        dcp.save(state(step), storage_writer=StorageWriter(root, "j", options=options), checkpoint_id=step, no_dist=True)
     store = open_store(root)
     m2 = mf.load_manifest(store, "j", 2)
-    key = m2.tensors["model.w@0,0"].chunks[1].ref.key()
+    pieces = m2.tensors["model.w@0,0"].chunks
+    assert [c.is_packed for c in pieces] == ([True] if options is SMALL else [False] * 3)
+    key = pieces[-1].ref.key()
     data = bytearray(store.get(key))
     data[len(data) // 2] ^= 0xFF
     store.put(key, bytes(data))
@@ -99,12 +103,12 @@ def test_items_are_written_in_bounded_groups_and_base_cache_serves_incrementals(
     calls = []
     monkeypatch.setattr(writer_mod, "_item_groups", lambda items, limit: calls.append(g := groups(items, limit)) or g)
     root, cache = str(tmp_path), BaseCache()
-    dcp.save(state(1), storage_writer=StorageWriter(root, "j", options=SMALL, base_cache=cache), checkpoint_id=1,
+    dcp.save(state(1), storage_writer=StorageWriter(root, "j", options=CHUNKED, base_cache=cache), checkpoint_id=1,
              no_dist=True)
     assert len(calls[0]) >= 2
     nxt = state(1)
     nxt["model"]["w"][3:5] += 1e-3
-    w = StorageWriter(root, "j", kind="incremental", options=SMALL, base_cache=cache)
+    w = StorageWriter(root, "j", kind="incremental", options=CHUNKED, base_cache=cache)
     store = open_store(root)
     before = {m.key for m in store.list("chunks/")}
     dcp.save(nxt, storage_writer=w, checkpoint_id=2, no_dist=True)

@@ -35,7 +35,7 @@ def jobs(tmp_path_factory):
     t = torch.arange(64 * 1024, dtype=torch.float32).reshape(256, 256)
     from trainstore.checkpoint.writer import WriteOptions  # noqa: PLC0415
 
-    dcp.save({"t": t}, storage_writer=StorageWriter(root, "big", options=WriteOptions(chunk_bytes=4096)),
+    dcp.save({"t": t}, storage_writer=StorageWriter(root, "big", options=WriteOptions(chunk_bytes=4096, pack_below=0)),
              checkpoint_id=1, no_dist=True)
     four = assert_ok(ranks("suite_four", 4, root=root))
     two = assert_ok(ranks("suite_two", 2, root=root, extra_module="dist_manager_workers"))
