@@ -211,6 +211,15 @@ class Streaming:
         clean_stale_shared_memory()
 
 
+def _litdata_allow_http(_worker_id: int = 0) -> None:
+    """litdata fetches chunks with obstore and passes its own client options, which drop
+    allow_http (obstore#159): add it (in every worker), or http endpoints (moto) fail with
+    BadScheme."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+
+
 class Litdata:
     name = "litdata"
     counted = False
@@ -235,15 +244,15 @@ class Litdata:
 
     def open(self, w: Workload, cache_dir: str, limit: int | None) -> None:
         from litdata import StreamingDataLoader, StreamingDataset
-        from litdata.streaming import downloader
 
-        # litdata fetches chunks with obstore and passes its own client options, which drop
-        # allow_http (obstore#159): add it, or http endpoints (moto) fail with BadScheme
-        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+        _litdata_allow_http()
         ds = StreamingDataset(self.url, cache_dir=cache_dir, shuffle=True, seed=0, storage_options=self.options,
                               **({"max_cache_size": limit} if limit else {}))
+        # spawned workers: trainstore in this process has started obstore's runtime, which a
+        # forked litdata worker inherits and hangs on (litdata's "obstore-after-fork")
         self.loader = StreamingDataLoader(ds, batch_size=w.batch_size, num_workers=WORKERS, prefetch_factor=4,
-                                          persistent_workers=True)
+                                          persistent_workers=True, multiprocessing_context="spawn",
+                                          worker_init_fn=_litdata_allow_http)
 
     def epoch(self):
         for b in self.loader:
