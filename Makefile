@@ -39,6 +39,7 @@ stress: $(STAMP)
 
 bench: $(STAMP)
 	$(PIP) install -q -r benchmarks/requirements.txt
+	$(PIP) install -q --no-deps -r benchmarks/peers.txt
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # ruff, the import contracts of pyproject.toml (layers, no circles) and the public API's types
