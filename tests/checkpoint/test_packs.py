@@ -247,3 +247,19 @@ def test_random_states_roundtrip_bit_exactly_through_full_and_incremental(tmp_pa
             assert {(k, n): _bytes(t) for k, g in got.items() for n, t in g.items()} == snap
             assert all(got[k][n].dtype == state[k][n].dtype for k, n in snap)
         assert all(r.ok for r in mgr.verify())
+
+
+def test_a_pack_deleted_by_gc_is_rebuilt_from_its_members_or_refused(tmp_path):
+    from trainstore.checkpoint.packs import rebuild_pack
+    from trainstore.errors import IntegrityError
+
+    state = {"model": {"a": torch.randn(100), "b": torch.randn(30)}}
+    with CheckpointManager(str(tmp_path), job="j", options=OPTS) as mgr:
+        mgr.save(1, state, blocking=True)
+        m = mgr.manifest(1)
+        members = [(m.tensors[f"model/{k}"].chunks[0], memoryview(_bytes(state["model"][k]))) for k in ("a", "b")]
+        ref = members[0][0].ref
+        stored = bytes(mgr.chunks.get(ref))
+        assert bytes(rebuild_pack(mgr.chunks, ref, members)) == stored
+        with pytest.raises(IntegrityError, match="cannot be rebuilt"):
+            rebuild_pack(mgr.chunks, ref, members[:1])  # a member this save does not hold
