@@ -246,6 +246,7 @@ def test_decode_ahead_keeps_the_groups_still_needed_within_the_budget(tmp_path):
     order = np.concatenate([rng.permutation(np.arange(w, w + 2 * PER_SHARD)) for w in (0, 2 * PER_SHARD)])
     batches = [order[i:i + 16] for i in range(0, ROWS, 16)]
     ahead = DecodeAhead(ds, batches, 0, threads=2)
+    ahead.start()
     try:
         # the first window (8 groups) and at most 4 of the second fit (sizes are estimated from
         # the footer before a group is decoded: a little more at first); the rest waits for

@@ -40,7 +40,7 @@ _Job = tuple[int, int, int, int, int]
 
 class DecodeAhead:
     """Decode the row groups of ``batches[start:]`` (row indices per batch) ahead of use on
-    ``threads`` threads; ``batch_consumed`` moves the bound on, ``close`` stops it."""
+    ``threads`` threads, from ``start()``; ``batch_consumed`` moves the bound on, ``close`` stops it."""
 
     def __init__(self, ds: Dataset, batches: Sequence[np.ndarray], start: int, *, threads: int) -> None:
         groups = ds.decoded_groups
@@ -56,7 +56,12 @@ class DecodeAhead:
         self._cv = threading.Condition()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="trainstore-decode")
         self._thread = threading.Thread(target=self._walk, daemon=True, name="trainstore-decode-ahead")
-        self._thread.start()
+
+    def start(self) -> None:
+        """Begin decoding ahead (a run prepared for the next epoch starts when it is iterated:
+        until then the current epoch's groups are still in use, and both would not fit)."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     @staticmethod
     def _reads_by_shard(ds: Dataset, batches: Sequence[np.ndarray],
@@ -173,7 +178,8 @@ class DecodeAhead:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        self._thread.join(timeout=30)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=30)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -355,6 +355,8 @@ class _EpochRun:
         if self.filler.error is not None:  # the shard thread stopped: say so now, not silently
             err, self.filler.error = self.filler.error, None
             raise err
+        if self.decoder is not None:  # from the first batch asked for (a run ahead waits)
+            self.decoder.start()
         if not self.pending:
             self._top_up()
             if not self.pending:

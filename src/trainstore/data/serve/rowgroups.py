@@ -89,7 +89,10 @@ class DecodedGroups:
             else:
                 owner = False
         if not owner:
-            return pending.result()
+            views = pending.result()
+            with self._lock:
+                self._unasked.discard(key)  # it was asked for while decoding ahead
+            return views
         return self._decode(key, pending, decode, ahead=False)
 
     def decode_ahead(self, key: GroupKey, decode: Callable[[], tuple[GroupViews, int]]) -> bool:
