@@ -191,3 +191,16 @@ def test_acquire_gives_up_when_cancelled_and_reserves_nothing():
     budget.release(80)
     assert budget.acquire(50, cancel) is False  # already cancelled: nothing reserved
     assert budget.inflight == 0
+
+
+def test_try_acquire_reserves_only_what_fits_now():
+    budget = ByteBudget(100)
+    assert budget.try_acquire(60) and budget.inflight == 60
+    assert not budget.try_acquire(50) and budget.inflight == 60  # would wait: nothing reserved
+    assert budget.try_acquire(40) and budget.inflight == 100
+    budget.release(60)
+    budget.release(40)
+    assert budget.try_acquire(500) and budget.inflight == 100  # oversized: alone, as the whole budget
+    assert not budget.try_acquire(1)
+    budget.release(500)
+    assert budget.inflight == 0 and budget.peak == 100

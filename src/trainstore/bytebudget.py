@@ -53,6 +53,17 @@ class ByteBudget:
             self._peak = max(self._peak, self._inflight)
             return True
 
+    def try_acquire(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` if that fits now; False (reserving nothing) where ``acquire``
+        would wait - for a holder that must not block while it holds other bytes."""
+        cost = self._cost(nbytes)
+        with self._cv:
+            if self._inflight and self._inflight + cost > self.limit:
+                return False
+            self._inflight += cost
+            self._peak = max(self._peak, self._inflight)
+            return True
+
     def release(self, nbytes: int) -> None:
         """Give back what ``acquire(nbytes)`` reserved."""
         cost = self._cost(nbytes)

@@ -4,8 +4,11 @@ dataset, object-store bytes per epoch, and pins that hold across processes."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
+import time
 import uuid
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from trainstore.data import Dataset, Loader
 from trainstore.data.serve import RefetchWarning, write_arrow_dataset
 from trainstore.errors import CapacityError
 from trainstore.nodecache import CacheConfig, NodeCache
+from trainstore.store import Buffer, ReadOnlyStore, Store
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -155,6 +159,67 @@ def test_large_object_fetched_with_parallel_ranges(s3_via_proxy, proxy, tmp_path
     assert proxy.requests - before >= 6  # one ranged GET per 1 MiB part
     assert 2 <= proxy.max_in_flight <= 4  # concurrent, and bounded by the byte budget
     assert proxy.get_bytes("/big/object") == len(data)
+
+
+class _Part(bytearray):
+    """A fetched part whose lifetime can be watched (bytes cannot carry a weakref)."""
+
+
+class SlowFirstPartStore(ReadOnlyStore):
+    """Reads pass through to the S3 store; the first range of every object answers
+    ``head_delay_s`` late (a slow request at the head of a fill's window), and ``peak_live``
+    is the most fetched part bytes alive at once: memory really held, whoever holds it."""
+
+    def __init__(self, inner: Store, head_delay_s: float) -> None:
+        super().__init__(inner)
+        self.head_delay_s = head_delay_s
+        self.live = 0
+        self.peak_live = 0
+        self._lock = threading.Lock()
+
+    def _freed(self, n: int) -> None:
+        with self._lock:
+            self.live -= n
+
+    def get_range(self, key: str, start: int, length: int) -> Buffer:
+        if start == 0:
+            time.sleep(self.head_delay_s)
+        part = _Part(memoryview(self.inner.get_range(key, start, length)))
+        with self._lock:
+            self.live += len(part)
+            self.peak_live = max(self.peak_live, self.live)
+        weakref.finalize(part, self._freed, len(part))
+        return part
+
+
+def test_concurrent_ranged_fills_share_one_memory_bound(s3_via_proxy, proxy, tmp_path):
+    """``part_bytes x fetch_concurrency`` bounds the fetched parts held per cache, however many
+    shards fill at once (a loader fills ``fill_concurrency`` shards together)."""
+    url, opts = s3_via_proxy
+    part, conc, fills = 256 << 10, 4, 4
+    rng = np.random.default_rng(1)
+    objects = {f"big/{i}": rng.integers(0, 255, 8 * part, dtype=np.uint8).tobytes() for i in range(fills)}
+    s3 = open_store(url, **opts)
+    for key, data in objects.items():
+        s3.put(key, data)
+    store = SlowFirstPartStore(s3, head_delay_s=0.5)
+    cache = NodeCache(store, tmp_path / "hot",
+                      config=CacheConfig(64 << 20, part_bytes=part, fetch_concurrency=conc))
+    got: dict[str, bytes] = {}
+
+    def fill(key: str) -> None:
+        with cache.pin(key, size=len(objects[key])) as h:
+            got[key] = h.read()
+
+    threads = [threading.Thread(target=fill, args=(k,)) for k in objects]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == objects
+    assert proxy.get_bytes("/big/") == sum(map(len, objects.values()))  # each part fetched once
+    assert store.peak_live <= conc * part, (store.peak_live, conc * part)
+    assert store.live == 0
 
 
 # -- pins across the processes of one node ------------------------------------------------------

@@ -33,7 +33,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import filelock
 
@@ -41,7 +40,7 @@ from ..errors import CapacityError, ConfigError, IntegrityError, StoreError
 from ..fileio import unlink_quietly
 from ..store import Store, open_store, validate_key
 from .config import CacheConfig, CacheStats
-from .fetch import download, download_ranges
+from .fetch import RangedDownloads, download
 from .files import TMP_PREFIX, PinnedFile, file_hash, stamp, temp_file_beside, touch
 
 log = logging.getLogger(__name__)
@@ -88,7 +87,7 @@ class NodeCache:
         #: Called (no arguments) when a fill finds nothing evictable, before it waits: an owner
         #: holding idle pins (e.g. a Dataset's open shards) can release them here.
         self.on_pressure: Callable[[], None] | None = None
-        self._range_pool: ThreadPoolExecutor | None = None
+        self._ranged: RangedDownloads | None = None
 
     # -- paths -----------------------------------------------------------------------------
     def path_of(self, key: str) -> str:
@@ -259,9 +258,7 @@ class NodeCache:
             try:
                 ranged = (self.store.local_path(key) is None and size > self.config.part_bytes
                           and self.config.fetch_concurrency > 1)
-                written = (download_ranges(self.store, key, fd, size, self._ranges_pool(),
-                                           part_bytes=self.config.part_bytes,
-                                           in_flight=self.config.fetch_concurrency)
+                written = (self._ranged_downloads().download(self.store, key, fd, size)
                            if ranged else download(self.store, key, fd))
                 if size is not None and written != size:
                     raise IntegrityError(
@@ -294,13 +291,12 @@ class NodeCache:
     def _object_size(self, key: str) -> int:
         return self.store.head(key).size
 
-    def _ranges_pool(self) -> ThreadPoolExecutor:
-        """The pool every ranged fill of this cache shares (created on first use)."""
+    def _ranged_downloads(self) -> RangedDownloads:
+        """The pool and byte budget every ranged fill of this cache shares (made on first use)."""
         with self._mu:
-            if self._range_pool is None:
-                self._range_pool = ThreadPoolExecutor(self.config.fetch_concurrency,
-                                                      thread_name_prefix="trainstore-range")
-            return self._range_pool
+            if self._ranged is None:
+                self._ranged = RangedDownloads(self.config.part_bytes, self.config.fetch_concurrency)
+            return self._ranged
 
     def _scan(self) -> Iterator[tuple[str, int, float]]:
         """(path, size, atime) of every cached file; removes stale temp files on the way."""

@@ -1,14 +1,18 @@
 """Copy one durable-store object into an open cache file: whole, or as concurrent ranges.
 
 A local durable store is copied in-kernel; a remote object larger than a part is fetched as
-range requests, a bounded window of them in flight on a shared pool, written in order.
+range requests on a pool shared by every fill of the cache, written in order. The fetched
+parts of all those fills share one byte budget of ``part_bytes x concurrency``: a part holds
+its share from before its request until it is written, so the memory a cache's downloads
+hold is bounded however many objects fill at once.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
+from ..bytebudget import ByteBudget
 from ..errors import NotFoundError
 from ..fileio import write_all
 from ..store import Store
@@ -29,28 +33,57 @@ def download(store: Store, key: str, fd: int) -> int:
     return data.nbytes
 
 
-def download_ranges(store: Store, key: str, fd: int, size: int, pool: Executor, *, part_bytes: int,
-                    in_flight: int) -> int:
-    """The object as ``part_bytes`` range requests, at most ``in_flight`` at once on ``pool``,
-    written to ``fd`` in order; returns the bytes written."""
-    starts = iter(range(0, size, part_bytes))
-    window: deque[Future] = deque()
-    written = 0
-    try:
-        while True:
-            while len(window) < in_flight:
-                start = next(starts, None)
-                if start is None:
-                    break
-                window.append(pool.submit(store.get_range, key, start, min(part_bytes, size - start)))
-            if not window:
-                return written
-            data = memoryview(window.popleft().result()).cast("B")
-            write_all(fd, data)
-            written += data.nbytes
-    finally:
-        for f in window:
-            f.cancel()
+class RangedDownloads:
+    """Ranged downloads of one cache: ``concurrency`` requests at once on one pool, and at
+    most ``part_bytes x concurrency`` bytes of fetched parts held, across all its fills."""
+
+    def __init__(self, part_bytes: int, concurrency: int) -> None:
+        self.part_bytes = part_bytes
+        self.budget = ByteBudget(part_bytes * concurrency)
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="trainstore-range")
+
+    def download(self, store: Store, key: str, fd: int, size: int) -> int:
+        """The object as ``part_bytes`` range requests, written to ``fd`` in order; returns the
+        bytes written. A fill holding parts never waits for budget (it writes its oldest part
+        first); only a fill holding none does, so fills never wait on each other in a circle."""
+        starts = deque(range(0, size, self.part_bytes))
+        window: deque[tuple[Future, int]] = deque()
+        written = 0
+        try:
+            while starts or window:
+                while starts:
+                    nbytes = min(self.part_bytes, size - starts[0])
+                    if window and not self.budget.try_acquire(nbytes):
+                        break
+                    if not window:
+                        self.budget.acquire(nbytes)
+                    window.append((self._submit(store, key, starts.popleft(), nbytes), nbytes))
+                fut, nbytes = window.popleft()
+                try:
+                    written += _write_result(fd, fut)
+                finally:
+                    del fut  # the future holds the part: drop it before giving its bytes back
+                    self.budget.release(nbytes)
+        finally:
+            for fut, nbytes in window:
+                if fut.cancel():
+                    self.budget.release(nbytes)
+                else:  # running: its bytes are held until it ends
+                    fut.add_done_callback(lambda _f, n=nbytes: self.budget.release(n))
+        return written
+
+    def _submit(self, store: Store, key: str, start: int, nbytes: int) -> Future:
+        try:
+            return self._pool.submit(store.get_range, key, start, nbytes)
+        except BaseException:
+            self.budget.release(nbytes)
+            raise
 
 
-__all__ = ["download", "download_ranges"]
+def _write_result(fd: int, fut: Future) -> int:
+    data = memoryview(fut.result()).cast("B")
+    write_all(fd, data)
+    return data.nbytes
+
+
+__all__ = ["RangedDownloads", "download"]
