@@ -19,7 +19,8 @@ class CacheConfig:
     ``fsync``: fsync filled files (a cache can always re-fetch, so off by default).
     ``part_bytes`` / ``fetch_concurrency``: an object larger than ``part_bytes`` is fetched
     from a remote store as concurrent range requests of that size, at most
-    ``fetch_concurrency`` in flight per cache (so at most their product in memory).
+    ``fetch_concurrency`` in flight per cache; the fetched parts of all its fills share one
+    byte budget of their product (``nodecache.fetch.RangedDownloads``).
     """
 
     limit_bytes: int
