@@ -10,7 +10,8 @@ Rounds are interleaved (every variant once per round); the parent prints medians
 Variants: ``huge`` / ``small`` (``HostBuffer`` with / without ``MADV_HUGEPAGE``), ``torch``
 (``torch.empty``), ``*_2t`` / ``*_4t`` (the copy split over 2 / 4 threads, as staging does for
 large tensors), ``populate_*`` (``MADV_POPULATE_WRITE`` first, on N threads, then the copy;
-both timed), ``again_*`` (a second copy into the same, now touched, buffer: the steady state).
+both timed), ``again_*`` (a second copy into the same, now touched, buffer: the steady state),
+``read_*`` (``os.preadv`` of a page-cached file into the fresh buffer, as a restore reads).
 
     .venv/bin/python benchmarks/first_touch.py --mib 512 --rounds 5
 """
@@ -25,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,7 +40,7 @@ MADV_POPULATE_WRITE = 23
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 VARIANTS = ("huge", "small", "torch", "huge_2t", "small_2t", "small_4t", "populate_huge_2t", "populate_small_1t",
-            "populate_small_2t", "populate_small_4t", "again_huge_2t", "again_small_2t")
+            "populate_small_2t", "populate_small_4t", "again_huge_2t", "again_small_2t", "read_huge", "read_small")
 
 
 def first_touch_gbps(mib: int = TOUCH_MIB) -> float:
@@ -95,6 +97,8 @@ def child(variant: str, mib: int) -> dict:
     kind = "torch" if variant.startswith("torch") else ("huge" if "huge" in variant else "small")
     huge_before = anon_huge_kib()
     vm_before = vmstat(*VMSTAT)
+    if variant.startswith("read"):
+        return read_child(variant, kind, src, touch)
     t = time.perf_counter()
     if kind == "torch":
         dst = torch.empty(n, dtype=torch.uint8).numpy()
@@ -111,6 +115,27 @@ def child(variant: str, mib: int) -> dict:
     assert dst[n - 1] == 7 and dst[0] == 7
     vm = {k: v - vm_before.get(k, 0) for k, v in vmstat(*VMSTAT).items()}  # system-wide
     return {**vm, "variant": variant, "gbps": n / d / 1e9, "s": d, "touch_gbps": touch,
+            "huge_mib": (anon_huge_kib() - huge_before) / 1024}
+
+
+def read_child(variant: str, kind: str, src: np.ndarray, touch: float) -> dict:
+    """preadv of a page-cached file of ``src`` into fresh memory (the file written untimed)."""
+    fd, path = tempfile.mkstemp(prefix="first-touch-")
+    try:
+        os.write(fd, memoryview(src))
+        huge_before = anon_huge_kib()
+        t = time.perf_counter()
+        buf = HostBuffer(src.nbytes, huge_pages=kind == "huge", pin=False)
+        dst = buf.array()
+        pos = 0
+        while pos < src.nbytes:
+            pos += os.preadv(fd, [memoryview(dst[pos:])], pos)
+        d = time.perf_counter() - t
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    assert dst[0] == 7 and dst[-1] == 7
+    return {"variant": variant, "gbps": src.nbytes / d / 1e9, "s": d, "touch_gbps": touch,
             "huge_mib": (anon_huge_kib() - huge_before) / 1024}
 
 
