@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import warnings
@@ -111,6 +112,28 @@ def random_access(store, cache: str, n: int, probes: int) -> dict:
             "dataset_mb": round(ds.version.bytes / 1e6, 2)}
 
 
+def compare_decode_ahead(a: argparse.Namespace, width: int, tmp: str) -> dict:
+    """Cold epochs of the parquet version in a local store, with the emulated compute,
+    decode-ahead off and on, and the arrow-ipc version for reference, interleaved
+    ``--compare-decode-ahead`` times each: medians (and all values) of the cold AU and of the
+    whole cold epoch's seconds with no compute."""
+    store = open_store(os.path.join(tmp, "durable"))
+    write_both(store, a.samples, width, a.rows_per_shard, a.row_group)
+    runs: dict[str, dict[str, list[float]]] = {}
+    for _ in range(a.compare_decode_ahead):
+        for name, ref, threads in (("arrow-ipc", "feat@1", 0), ("parquet, decode-ahead off", "featpq@1", 0),
+                                   ("parquet, decode-ahead 2", "featpq@1", 2)):
+            r = runs.setdefault(name, {"cold_au_at_compute": [], "cold_epoch_s_no_compute": []})
+            _, loader = fresh_loader(store, ref, os.path.join(tmp, "cache"), a.batch, threads)
+            wall, _, computed, _ = epoch(loader, a.compute_ms / 1000)
+            loader.close()
+            r["cold_au_at_compute"].append(round(computed / wall, 3))
+            _, loader = fresh_loader(store, ref, os.path.join(tmp, "cache"), a.batch, threads)
+            r["cold_epoch_s_no_compute"].append(round(epoch(loader, 0.0)[3], 3))
+            loader.close()
+    return {name: {k: {"median": statistics.median(v), "all": v} for k, v in r.items()} for name, r in runs.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=2000)
@@ -120,10 +143,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--compute-ms", type=float, default=20.0)
     ap.add_argument("--decode-ahead", type=int, default=2, help="Loader decode_ahead threads (0: off)")
+    ap.add_argument("--compare-decode-ahead", type=int, default=0, metavar="N",
+                    help="only: N interleaved cold epochs each with decode-ahead off / on (local store)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     width = a.sample_kb * 1024 // 4
     tmp = tempfile.mkdtemp(prefix="ts-pqbench-")
+    if a.compare_decode_ahead:
+        try:
+            print(json.dumps(compare_decode_ahead(a, width, tmp), indent=1), flush=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     server = start_s3_server()
     out: dict = {"args": vars(a), "results": []}
     try:
