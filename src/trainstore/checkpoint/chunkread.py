@@ -33,6 +33,7 @@ import errno
 import mmap
 import os
 import threading
+from collections.abc import Callable
 
 import blake3
 import numpy as np
@@ -53,6 +54,9 @@ DECODE_THREADS = 2
 #: Whether raw chunks missing from the page cache are read with ``O_DIRECT`` (off: always
 #: through the page cache).
 USE_DIRECT = True
+
+#: ``on_block(lo, hi)``: bytes ``[lo, hi)`` of the chunk just landed in ``out``.
+OnBlock = Callable[[int, int], None]
 
 _tls = threading.local()
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -90,9 +94,11 @@ def _open_direct(path: str) -> int | None:
         raise
 
 
-def _read_raw(fd: int, path: str, out: memoryview, key: str, hasher: blake3.blake3 | None) -> None:
-    """Read ``out.nbytes`` bytes of ``fd`` into ``out`` block by block, hashing as they come;
-    the 4 KiB-aligned head with ``O_DIRECT`` when that pays (module docstring)."""
+def _read_raw(fd: int, path: str, out: memoryview, key: str, hasher: blake3.blake3 | None,
+              on_block: OnBlock | None = None) -> None:
+    """Read ``out.nbytes`` bytes of ``fd`` into ``out`` block by block, hashing (and handing
+    each block to ``on_block``) as they come; the 4 KiB-aligned head with ``O_DIRECT`` when
+    that pays (module docstring)."""
     size = out.nbytes
     got = 0
     direct_end = 0
@@ -116,6 +122,8 @@ def _read_raw(fd: int, path: str, out: memoryview, key: str, hasher: blake3.blak
                 raise ChunkCorruptError(f"chunk {key}: read ended at byte {got} of {size} (file shrank while read)")
             if hasher is not None:
                 hasher.update(out[got:got + n])
+            if on_block is not None:
+                on_block(got, got + n)
             got += n
     finally:
         if dfd is not None:
@@ -130,7 +138,8 @@ def _stored_buffer(size: int) -> memoryview:
     return memoryview(buf[:size])
 
 
-def read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool, path: str) -> None:
+def read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool, path: str,
+               on_block: OnBlock | None = None) -> None:
     """The local fast path of ``get_into`` (no repair)."""
     key = ref.key(chunks.prefix)
     hasher = blake3.blake3() if ref.codec == "raw" and verify else None
@@ -147,7 +156,7 @@ def read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool,
         if ref.codec == "raw":
             if size != out.nbytes:
                 raise ChunkCorruptError(f"chunk {key}: {size} bytes stored, {out.nbytes} expected")
-            _read_raw(fd, path, out, key, hasher)
+            _read_raw(fd, path, out, key, hasher, on_block)
         else:
             stored = _stored_buffer(size)
             _read_raw(fd, path, stored, key, None)
@@ -164,23 +173,30 @@ def read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool,
         raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
 
 
-def get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool = True) -> None:
+def get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool = True,
+             on_block: OnBlock | None = None) -> None:
     """``ChunkStore.get(ref, out=out)``, read straight into ``out`` from a local file.
 
     ``verify=False`` skips only the hash (the caller checks a hash over what it builds from
     this chunk, as the reader does for XOR deltas). A bad local copy is repaired like in
     ``ChunkStore.get``; one that vanished (evicted) is read through the store.
+
+    ``on_block(lo, hi)`` is called, in order, for every block of a raw local chunk right
+    after it landed in ``out`` (while it is in the CPU cache). Other paths (a decode, a
+    repair, a remote read) fill ``out`` whole without calling it - also after some blocks
+    were handed over, when the read then failed - so a caller whose blocks did not cover
+    the chunk processes ``out`` whole.
     """
     path = chunks.store.local_path(ref.key(chunks.prefix))
     if path is None:
         chunks.get(ref, out=out)
         return
     try:
-        read_local(chunks, ref, out, verify, path)
+        read_local(chunks, ref, out, verify, path, on_block)
     except ChunkCorruptError as exc:
         chunks.recover(ref, out, exc)
     except NotFoundError:
         chunks.get(ref, out=out)
 
 
-__all__ = ["DECODE_THREADS", "READ_BLOCK", "USE_DIRECT", "get_into", "pread_into", "read_local"]
+__all__ = ["DECODE_THREADS", "READ_BLOCK", "USE_DIRECT", "OnBlock", "get_into", "pread_into", "read_local"]

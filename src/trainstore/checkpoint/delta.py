@@ -17,7 +17,9 @@ checkpoint (same tensor name, dtype, size, position):
   base is unrelated) the plain compressed piece is tried too and the smaller one wins.
 
 Restore is ``decode(delta) XOR decode(base)``, checked against the piece's recorded hash:
-bit-exact. Deltas never refer to another incremental (chain depth 1), so a restore reads at
+bit-exact. The delta is decoded into a per-thread buffer, the base read straight into the
+destination, and ``DeltaApply`` XORs and hashes each block of it as it lands (one pass over
+the destination while in the CPU cache). Deltas never refer to another incremental (chain depth 1), so a restore reads at
 most two chunks per piece and losing one incremental never breaks another.
 """
 
@@ -30,6 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import blake3
 import numpy as np
 
 from ..chunks import ChunkRef, ChunkStore, content_hash
@@ -73,6 +76,38 @@ def xor_into(a: memoryview | np.ndarray, b: memoryview | np.ndarray, out: np.nda
     else:
         np.bitwise_xor(a8, b8, out=out[:n])
     return out[:n]
+
+
+class DeltaApply:
+    """``out ^= delta``, then BLAKE3 of ``out``, block by block: the ``on_block`` of the base
+    chunk's read into ``out`` (``chunkread.get_into``), so each block is XORed and hashed right
+    after it lands, while in the CPU cache, with no second full-size buffer. Blocks must come
+    in order; ``hexdigest`` starts over on the whole of ``out`` when they did not cover it
+    (the base was then filled whole by a decode, a repair or a remote read)."""
+
+    def __init__(self, delta: np.ndarray, out: np.ndarray, block: int = 1 << 20) -> None:
+        if delta.nbytes != out.nbytes:
+            raise ValueError(f"delta of {delta.nbytes} bytes for a piece of {out.nbytes}")
+        self.delta, self.out, self.block = delta, out, block
+        self.done = 0
+        self._hasher = blake3.blake3()
+
+    def __call__(self, lo: int, hi: int) -> None:
+        if lo != self.done:
+            raise ValueError(f"DeltaApply: block [{lo}, {hi}) after {self.done} bytes (blocks must come in order)")
+        seg = self.out[lo:hi]
+        xor_into(seg, self.delta[lo:hi], seg)
+        self._hasher.update(seg)
+        self.done = hi
+
+    def hexdigest(self) -> str:
+        """BLAKE3 of ``out`` with the whole delta applied."""
+        n = self.out.nbytes
+        if self.done != n:
+            self.done, self._hasher = 0, blake3.blake3()
+            for lo in range(0, n, self.block):
+                self(lo, min(n, lo + self.block))
+        return self._hasher.hexdigest()
 
 
 class PieceEncoder:
@@ -196,4 +231,4 @@ class PieceEncoder:
         return self.plain(data, itemsize, h, codec=self.delta_codec, raw_above=self.incompressible_ratio)
 
 
-__all__ = ["PieceEncoder", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]
+__all__ = ["DeltaApply", "PieceEncoder", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]

@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..hostmem import HUGE_PAGE, empty_array, empty_tensor
 from .chunkread import get_into as _get_into
-from .delta import scratch, xor_into
+from .delta import DeltaApply, scratch, xor_into
 from .manifest import Manifest, TensorEntry
 from .packs import PackRead, group_packed, read_pack
 from .state import PARTIAL_KEY, flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten
@@ -87,22 +87,26 @@ def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None
     """Read one piece into ``out``. An XOR delta and its base chunk are not hashed one by one:
     the reconstructed piece is checked against its recorded BLAKE3 hash, which verifies both
     inputs at once (one hash pass instead of three); only on a mismatch are the two chunks
-    checked separately, to name the corrupt one."""
+    checked separately, to name the corrupt one. The delta is decoded into a per-thread
+    buffer first; the base is then read straight into ``out`` and each block XORed and
+    hashed as it lands (``DeltaApply``)."""
     view = memoryview(out)
     if entry.ref.size != view.nbytes:
         raise ManifestError(f"chunk {entry.ref.hash[:12]} is {entry.ref.size} bytes, its slot {view.nbytes}")
     if entry.base is None:
         _get_into(chunks, entry.ref, view)
         return
-    _get_into(chunks, entry.ref, view, verify=False)
-    base = scratch(entry.base.size)
-    _get_into(chunks, entry.base, memoryview(base), verify=False)
-    xor_into(out, base, out)
-    if content_hash(view) != entry.content_hash:
+    if entry.base.size != view.nbytes:
+        raise ManifestError(f"base chunk {entry.base.hash[:12]} is {entry.base.size} bytes, its slot {view.nbytes}")
+    delta = scratch(view.nbytes)
+    _get_into(chunks, entry.ref, memoryview(delta), verify=False)
+    apply = DeltaApply(delta, out)
+    _get_into(chunks, entry.base, view, verify=False, on_block=apply)
+    if apply.hexdigest() != entry.content_hash:
         # verified reads name the corrupt chunk - or repair it from another tier or replica
-        _get_into(chunks, entry.ref, view)
-        _get_into(chunks, entry.base, memoryview(base))
-        xor_into(out, base, out)
+        _get_into(chunks, entry.ref, memoryview(delta))
+        _get_into(chunks, entry.base, view)
+        xor_into(out, delta, out)
         if content_hash(view) == entry.content_hash:
             return
         raise ChunkCorruptError(f"chunk {entry.ref.key(chunks.prefix)} XOR base {entry.base.key(chunks.prefix)}: "

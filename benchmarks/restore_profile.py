@@ -1,0 +1,140 @@
+"""Where a fresh-process restore spends its time: read, decode, XOR, hash, first touch.
+
+The parent writes a full checkpoint of ``--gib`` GiB float32 (16 tensors, step 1) and an
+incremental of it scaled by (1 + 1e-4) (step 2: XOR deltas), like
+benchmarks/checkpoint_cold.py. Each measurement is a new process that wraps the restore
+path's steps with timers (thread-seconds summed over the read threads, so they can add up
+to more than the wall time), then restores one step and prints one JSON line. ``pretouch``
+variants fault in every destination page before the clock starts: the difference is the
+first-touch cost; ``VARIANT@N`` restores with N read threads (default 4). ``torch_load`` is
+the same-sized torch file, for comparison.
+
+    .venv/bin/python benchmarks/restore_profile.py --gib 1 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+from trainstore import codecs_bytegroup, hostmem
+from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, chunkread, reader
+
+VARIANTS = ("torch_load", "full", "full_pretouch", "incr", "incr_pretouch")
+
+_times: dict[str, float] = collections.defaultdict(float)
+_lock = threading.Lock()
+
+
+def _timed(name: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _lock:
+                _times[name] += time.perf_counter() - t
+    return wrapper
+
+
+def _instrument(pretouch: bool) -> None:
+    """Wrap the restore path's steps (module attributes the callers look up at call time)."""
+    for mod, attr, name in [(chunkread, "pread_into", "read (preadv)"),
+                            (chunkread, "decode", "decode (whole)"),
+                            (codecs_bytegroup, "decode_frame_into", "decode: zstd frames"),
+                            (chunkread, "content_hash", "hash (blake3)"),
+                            (reader, "content_hash", "hash (blake3)"),
+                            (reader, "xor_into", "xor"),
+                            (reader, "_get_into", "get_into (whole)"),
+                            (reader, "empty_tensor", "allocate")]:
+        if hasattr(mod, attr):
+            setattr(mod, attr, _timed(name, getattr(mod, attr)))
+    if pretouch:
+        alloc = reader.empty_tensor
+
+        def touched(*args, **kwargs):
+            t = alloc(*args, **kwargs)
+            t.reshape(-1).view(torch.uint8).numpy()[::hostmem.PAGE] = 0
+            return t
+        reader.empty_tensor = touched
+
+
+def child(variant: str, work: str) -> dict:
+    t = time.perf_counter()
+    if variant == "torch_load":
+        state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
+        return {"variant": variant, "total": time.perf_counter() - t}
+    variant, _, workers = variant.partition("@")  # "full@2": two read threads (default 4)
+    _instrument(variant.endswith("pretouch"))
+    step = 1 if variant.startswith("full") else 2
+    t = time.perf_counter()
+    mgr = CheckpointManager(os.path.join(work, "ts"), job="prof", read_workers=int(workers or 4))
+    opened = time.perf_counter() - t
+    state = mgr.restore(step=step)
+    total = time.perf_counter() - t
+    mgr.close()
+    assert len(state) == 16
+    return {"total": total, "open manager": opened, **dict(_times)}
+
+
+def prepare(work: str, gib: float) -> None:
+    torch.manual_seed(0)
+    per = int(gib * (1 << 30)) // 4 // 16
+    state = {f"t{i}": torch.randn(per) for i in range(16)}
+    torch.save(state, os.path.join(work, "state.pt"))
+    mgr = CheckpointManager(os.path.join(work, "ts"), job="prof",
+                            policy=CheckpointPolicy(full_every=1, incremental_every=None))
+    mgr.save(1, state, blocking=True)
+    mgr.save(2, {k: v * (1 + 1e-4) for k, v in state.items()}, blocking=True, kind="incremental")
+    mgr.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--keep", help="prepare into (or reuse) this directory and keep it")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    if args.one:
+        print(json.dumps(child(args.one, args.work)))
+        return
+    work = args.keep or tempfile.mkdtemp(prefix="ts-restore-prof-")
+    try:
+        if not os.path.exists(os.path.join(work, "state.pt")):
+            os.makedirs(work, exist_ok=True)
+            prepare(work, args.gib)
+        runs: dict[str, list[dict]] = collections.defaultdict(list)
+        for _ in range(args.repeats):
+            for v in args.variants.split(","):
+                out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", v, "--work", work],
+                                     capture_output=True, text=True, check=True).stdout
+                runs[v].append(json.loads(out.strip().splitlines()[-1]))
+        print(f"{args.gib:g} GiB float32, 16 tensors; medians of {args.repeats} fresh processes; "
+              f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        for v, rs in runs.items():
+            keys = sorted({k for r in rs for k in r if k != "variant"}, key=lambda k: (k != "total", k))
+            print(f"  {v:<14}" + "  ".join(f"{k} {statistics.median(r.get(k, 0.0) for r in rs):.3f}" for k in keys))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
