@@ -1,9 +1,10 @@
 """Loaders streaming from S3, side by side, DLIO style (issue 16 items 2-3).
 
 The remote is moto's S3 server (``trainstore.testing.s3server``, 127.0.0.1); every system
-reads it through a byte-counting TCP proxy (its own process), so "bytes from S3" is what
-crossed the wire (headers and index files included). The same samples, each in its own
-system's format and shard size (dataset / 32, at least one sample):
+reads it through its own byte-counting TCP proxy (one process per system), so "bytes from S3" is
+what crossed the wire for that system alone, headers and index files included (a peer's loader
+kept open between points and still downloading does not count into another's epoch). The same
+samples, each in its own system's format and shard size (dataset / 32, at least one sample):
 
 * ``trainstore``: an arrow-ipc version on ``s3://``, ``Loader`` (block shuffle, window 2
   shards) filling the node cache (``cache_limit``);
@@ -268,9 +269,9 @@ SYSTEMS = {"trainstore": Trainstore, "streaming": Streaming, "litdata": Litdata}
 
 # -- measurement ---------------------------------------------------------------------------------
 class Bench:
-    def __init__(self, proxy: CountingProxy, w: Workload, total: int, scratch: str, reps: int,
+    def __init__(self, proxies: dict[str, CountingProxy], w: Workload, total: int, scratch: str, reps: int,
                  max_try_s: float, log) -> None:
-        self.proxy, self.w, self.total, self.scratch = proxy, w, total, scratch
+        self.proxies, self.w, self.total, self.scratch = proxies, w, total, scratch
         self.reps, self.max_try_s, self.log = reps, max_try_s, log
         self._n = 0
         self.errors: dict[tuple[str, str], str] = {}
@@ -293,7 +294,8 @@ class Bench:
         """One epoch at ``compute_s`` per batch (cold: on a new reader with an empty cache)."""
         if regime == "cold":
             self.open(system, regime)
-        b0 = self.proxy.down
+        proxy = self.proxies[system.name]
+        b0 = proxy.down
         t0 = time.perf_counter()
         n = samples = 0
         for rows in system.epoch():
@@ -302,7 +304,7 @@ class Bench:
             if compute_s:
                 time.sleep(compute_s)
         wall = time.perf_counter() - t0
-        got = self.proxy.down - b0
+        got = proxy.down - b0
         if regime == "cold":
             self.close(system)
         return {"au": n * compute_s / wall, "wall_s": wall, "batches": n, "samples": samples,
@@ -463,7 +465,7 @@ def main() -> None:
     os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "TQDM_DISABLE": "1"})
     server = start_s3_server()
-    proxy = CountingProxy(server.endpoint)
+    proxies = {name: CountingProxy(server.endpoint) for name in args.systems.split(",")}
     scratch = tempfile.mkdtemp(prefix="trainstore-loader-s3-")
     results = []
     try:
@@ -476,18 +478,17 @@ def main() -> None:
                 f"batch {w.batch_size}, {shard_rows} samples per shard, {WORKERS} workers")
             bucket = f"bench-{uuid.uuid4().hex[:8]}"
             server.create_bucket(bucket)
-            remote = Remote(bucket, server.endpoint, proxy.endpoint)
             systems = {}
             for name in args.systems.split(","):
                 s = SYSTEMS[name]()
                 try:
-                    s.write(remote, samples, shard_rows, scratch)
+                    s.write(Remote(bucket, server.endpoint, proxies[name].endpoint), samples, shard_rows, scratch)
                     systems[name] = s
                 except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is reported
                     log(f"  {name}: cannot run here: {type(exc).__name__}: {exc}")
             del samples
             gc.collect()
-            bench = Bench(proxy, w, total, scratch, args.reps, args.max_try_s, log)
+            bench = Bench(proxies, w, total, scratch, args.reps, args.max_try_s, log)
             res = {"workload": w.name, "dataset_bytes": total, "regimes": {}}
             for regime in args.regimes.split(","):
                 log(f"  -- {regime}")
@@ -497,7 +498,8 @@ def main() -> None:
                 with open(args.json, "w") as f:
                     json.dump(results, f, indent=1)
     finally:
-        proxy.stop()
+        for proxy in proxies.values():
+            proxy.stop()
         server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     report(results, log)
