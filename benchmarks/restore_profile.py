@@ -3,10 +3,12 @@
 The parent writes a full checkpoint of ``--gib`` GiB float32 (16 tensors, step 1) and an
 incremental of it scaled by (1 + 1e-4) (step 2: XOR deltas), like
 benchmarks/checkpoint_cold.py. Each measurement is a new process that wraps the restore
-path's steps with timers (thread-seconds summed over the read threads, so they can add up
-to more than the wall time), then restores one step and prints one JSON line. ``pretouch``
+path's steps with CPU timers (``thread_time``: CPU seconds summed over the read threads,
+robust to a loaded machine, page faults included; "total" is wall time, "cpu" the process's
+CPU seconds), then restores one step and prints one JSON line. ``pretouch``
 variants fault in every destination page before the clock starts: the difference is the
-first-touch cost; ``VARIANT@N`` restores with N read threads (default 4). ``torch_load`` is
+first-touch cost; ``dropped`` variants drop the chunk files from the page cache first (a
+restore after the cache lost them: raw pieces then come with ``O_DIRECT``); ``VARIANT@N`` restores with N read threads (default 4). ``torch_load`` is
 the same-sized torch file, for comparison.
 
     .venv/bin/python benchmarks/restore_profile.py --gib 1 --repeats 2
@@ -32,7 +34,7 @@ import torch
 from trainstore import codecs_bytegroup, hostmem
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, chunkread, reader
 
-VARIANTS = ("torch_load", "full", "full_pretouch", "incr", "incr_pretouch")
+VARIANTS = ("torch_load", "full", "full_pretouch", "incr", "incr_pretouch", "full_dropped", "incr_dropped")
 
 _times: dict[str, float] = collections.defaultdict(float)
 _lock = threading.Lock()
@@ -41,12 +43,12 @@ _lock = threading.Lock()
 def _timed(name: str, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        t = time.perf_counter()
+        t = time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             with _lock:
-                _times[name] += time.perf_counter() - t
+                _times[name] += time.thread_time() - t
     return wrapper
 
 
@@ -72,22 +74,35 @@ def _instrument(pretouch: bool) -> None:
         reader.empty_tensor = touched
 
 
+def drop_from_page_cache(root: str) -> None:
+    """``POSIX_FADV_DONTNEED`` on every file under ``root`` (no root rights needed)."""
+    for d, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def child(variant: str, work: str) -> dict:
-    t = time.perf_counter()
+    if variant.partition("@")[0].endswith("dropped"):
+        drop_from_page_cache(os.path.join(work, "ts", "chunks"))
+    t, cpu = time.perf_counter(), time.process_time()
     if variant == "torch_load":
         state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
-        return {"variant": variant, "total": time.perf_counter() - t}
+        return {"total": time.perf_counter() - t, "cpu": time.process_time() - cpu}
     variant, _, workers = variant.partition("@")  # "full@2": two read threads (default 4)
     _instrument(variant.endswith("pretouch"))
     step = 1 if variant.startswith("full") else 2
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     mgr = CheckpointManager(os.path.join(work, "ts"), job="prof", read_workers=int(workers or 4))
     opened = time.perf_counter() - t
     state = mgr.restore(step=step)
-    total = time.perf_counter() - t
+    total, cpu = time.perf_counter() - t, time.process_time() - cpu
     mgr.close()
     assert len(state) == 16
-    return {"total": total, "open manager": opened, **dict(_times)}
+    return {"total": total, "cpu": cpu, "open manager": opened, **dict(_times)}
 
 
 def prepare(work: str, gib: float) -> None:
@@ -129,7 +144,7 @@ def main() -> None:
         print(f"{args.gib:g} GiB float32, 16 tensors; medians of {args.repeats} fresh processes; "
               f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         for v, rs in runs.items():
-            keys = sorted({k for r in rs for k in r if k != "variant"}, key=lambda k: (k != "total", k))
+            keys = sorted({k for r in rs for k in r if k != "variant"}, key=lambda k: (k != "total", k != "cpu", k))
             print(f"  {v:<14}" + "  ".join(f"{k} {statistics.median(r.get(k, 0.0) for r in rs):.3f}" for k in keys))
     finally:
         if not args.keep:
