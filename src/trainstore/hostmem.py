@@ -19,9 +19,11 @@ no compaction involved), so callers that copy into fresh memory on the clock pas
 Only the sizes past one huge page get huge pages: the tail after the last whole 2 MiB stays in
 4 KiB pages, so a buffer never holds more than it was asked for plus one 4 KiB page.
 
-Views: ``array()`` (numpy) and ``tensor()`` (torch, through ``torch.frombuffer``) keep the
-mapping alive on their own; a pinned buffer is unpinned when the ``HostBuffer`` is collected or
-closed (the mapping then stays valid, just unpinned, for views still alive).
+Views: ``array()`` (numpy) and ``tensor()`` (torch, through ``torch.from_numpy``) are all
+views of one numpy array over the buffer's bytes and keep it (and the mapping) alive on their
+own. A pin follows that array, not the ``HostBuffer`` object (restore keeps only the tensor):
+the buffer is unpinned when the last view is gone - before the mapping is released - or on
+``close`` (the mapping then stays valid, just unpinned, for views still alive).
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class HostBuffer:
                 self.huge_pages = thp_mode() in ("always", "madvise")
             except OSError as exc:  # kernel without THP: plain pages
                 log.debug("madvise(MADV_HUGEPAGE) refused (%s): plain 4 KiB pages", exc)
+        #: every view derives from this array; the pin's finalizer is attached to it (an ndarray
+        #: runs its weakref callbacks before it releases the mapping)
+        self._memory = np.frombuffer(self._map, dtype=np.uint8, count=self.nbytes, offset=self.offset)
         self.pinned = False
         if pin or (pin is None and _cuda_available()):
             self._pin()
@@ -127,7 +132,7 @@ class HostBuffer:
             log.warning("cudaHostRegister of %d bytes failed (%s): staging stays unpinned", self.nbytes, err)
             return
         self.pinned = True
-        self._unpin = weakref.finalize(self, _cuda_unregister, self.address)
+        self._unpin = weakref.finalize(self._memory, _cuda_unregister, self.address)
 
     # -- views -------------------------------------------------------------------------------
     def array(self, dtype: Any = np.uint8, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -137,7 +142,7 @@ class HostBuffer:
         if count * dt.itemsize > self.nbytes:
             raise ConfigError(f"a {dt} array of shape {shape} needs {count * dt.itemsize} bytes; "
                               f"the buffer has {self.nbytes}")
-        arr = np.frombuffer(self._map, dtype=dt, count=count, offset=self.offset)
+        arr = self._memory[:count * dt.itemsize].view(dt)
         return arr if shape is None else arr.reshape(shape)
 
     def tensor(self, dtype: Any = None, shape: tuple[int, ...] | None = None) -> Any:
@@ -153,7 +158,7 @@ class HostBuffer:
                               f"the buffer has {self.nbytes}")
         if count == 0:
             return torch.empty(shape if shape is not None else (0,), dtype=dt)
-        t = torch.frombuffer(self._map, dtype=dt, count=count, offset=self.offset)
+        t = torch.from_numpy(self._memory[:count * itemsize]).view(dt)
         return t if shape is None else t.view(shape)
 
     # -- pre-touch ---------------------------------------------------------------------------
