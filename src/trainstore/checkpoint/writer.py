@@ -151,14 +151,17 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
         return enc.pack([(t.data, f[0] if f is not None else None) for t, f in zip(members, found)],
                         members[0].itemsize, incremental=base is not None)
 
-    small = [t for t in staged if 0 < t.data.nbytes < opts.pack_below]
+    # a pack is one chunk: never larger than chunk_bytes, so it fits the in-flight byte budget
+    # like any piece (max_inflight_bytes >= chunk_bytes); a tensor a pack cannot hold is chunked
+    pack_limit = min(opts.pack_bytes, opts.chunk_bytes)
+    small = [t for t in staged if 0 < t.data.nbytes < min(opts.pack_below, pack_limit)]
     packed = {t.name for t in small}
     pack_futs: dict[str, tuple[Future[list[PieceResult]], int]] = {}  # tensor -> (its pack's future, index)
     with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-ckpt-write",
                             initializer=lower_thread_priority, initargs=(opts.nice,)) as pool:
         try:
             for members in plan_packs(((t, t.data.nbytes, pack_group(t.name, t.itemsize)) for t in small),
-                                      opts.pack_bytes):
+                                      pack_limit):
                 pfut = budget.submit(pool, sum(t.data.nbytes for t in members), pack_work, members)
                 pending.add(pfut)
                 for i, t in enumerate(members):
