@@ -225,9 +225,8 @@ def _litdata_allow_http(_worker_id: int = 0) -> None:
 class Litdata:
     name = "litdata"
     #: ``--litdata-direct``: read moto directly, bytes not counted (n/c). Through the counting
-    #: proxy its cold epochs pass (ranged GETs of 31 MB chunks included, with spawned workers),
-    #: but at a 25% cache limit it once timed out waiting for a chunk (120 s) where the direct
-    #: run had passed: not investigated further
+    #: proxy it passes (ranged GETs of 31 MB chunks included, with spawned workers); at a 25%
+    #: cache limit it sometimes times out waiting for a chunk (120 s), direct or proxied alike
     direct = False
 
     @property
