@@ -12,7 +12,9 @@ cache is full of pinned files (other loaders, other processes of the node) the f
 for its consumer to move on and tries again, and when a fill of this process needs room the
 filler gives up its pins (they only save a later fetch; the batch that needs a shard fetches
 it on demand). A large shard is itself fetched as concurrent range
-requests by the node cache (``CacheConfig.part_bytes`` / ``fetch_concurrency``).
+requests by the node cache (``CacheConfig.part_bytes`` / ``fetch_concurrency``); the parts of
+all concurrent fills share one budget of their product, so ``concurrency`` does not multiply
+that memory.
 """
 
 from __future__ import annotations
