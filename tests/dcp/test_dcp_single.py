@@ -17,6 +17,8 @@ from trainstore.store import open_store
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::UserWarning")]
 SMALL = WriteOptions(chunk_bytes=4096, workers=2)
+# packs are at most chunk_bytes: chunks large enough that model.w (8448 bytes) is packed
+PACKED = WriteOptions(chunk_bytes=16384, workers=2)
 CHUNKED = WriteOptions(chunk_bytes=4096, workers=2, pack_below=0)  # small tensors as chunks, not packs
 
 
@@ -51,7 +53,7 @@ def test_s3_roundtrip_with_url_checkpoint_id(s3_url):
     assert m.kind == "incremental" and all(c.same_as_base for t in m.tensors.values() for c in t.chunks)
 
 
-@pytest.mark.parametrize("options", [CHUNKED, SMALL], ids=["chunks", "packs"])
+@pytest.mark.parametrize("options", [CHUNKED, PACKED], ids=["chunks", "packs"])
 def test_manager_restore_falls_back_past_a_corrupt_distributed_checkpoint(tmp_path, options):
     root = str(tmp_path)
     for step in (1, 2):
@@ -59,7 +61,7 @@ def test_manager_restore_falls_back_past_a_corrupt_distributed_checkpoint(tmp_pa
     store = open_store(root)
     m2 = mf.load_manifest(store, "j", 2)
     pieces = m2.tensors["model.w@0,0"].chunks
-    assert [c.is_packed for c in pieces] == ([True] if options is SMALL else [False] * 3)
+    assert [c.is_packed for c in pieces] == ([True] if options is PACKED else [False] * 3)
     key = pieces[-1].ref.key()
     data = bytearray(store.get(key))
     data[len(data) // 2] ^= 0xFF
