@@ -4,6 +4,7 @@ group decoded once from the cached file, corrupt row groups named, remote reads 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -103,13 +104,20 @@ def _corrupt_value_in_group(data: bytearray, meta: pq.FileMetaData, group: int, 
     data[mid] ^= 0x40
 
 
-def test_corrupt_row_group_raises_naming_shard_and_row_group(tmp_path):
-    table = _table(60)
+def _external_file_with_corrupt_group(tmp_path, table: pa.Table) -> Path:
+    """An external Parquet folder holding ``a.parquet`` (page CRCs, no compression) whose row
+    group 2 has one flipped value byte in column ``x``."""
     root = tmp_path / "ext"
     root.mkdir()
     data = bytearray(_parquet_bytes(table, compression="none", write_page_checksum=True).to_pybytes())
     _corrupt_value_in_group(data, pq.read_metadata(pa.BufferReader(bytes(data))), 2, "x")
     (root / "a.parquet").write_bytes(bytes(data))
+    return root
+
+
+def test_corrupt_row_group_raises_naming_shard_and_row_group(tmp_path):
+    table = _table(60)
+    root = _external_file_with_corrupt_group(tmp_path, table)
     # an external file has no whole-file checksum: the page CRC is what catches it
     ds = Dataset.open(str(root), cache_dir=tmp_path / "hot")
     assert np.array_equal(ds[3]["x"], np.asarray(table["x"][3].values))  # row group 0 is intact
@@ -208,11 +216,7 @@ def test_row_groups_are_decoded_ahead_of_the_consumer(tmp_path):
 
 def test_decode_ahead_error_reaches_the_consumer_naming_file_and_row_group(tmp_path):
     table = _table(60)
-    root = tmp_path / "ext"
-    root.mkdir()
-    data = bytearray(_parquet_bytes(table, compression="none", write_page_checksum=True).to_pybytes())
-    _corrupt_value_in_group(data, pq.read_metadata(pa.BufferReader(bytes(data))), 2, "x")
-    (root / "a.parquet").write_bytes(bytes(data))
+    root = _external_file_with_corrupt_group(tmp_path, table)
     ds = Dataset.open(str(root), cache_dir=tmp_path / "hot")
     loader = Loader(ds, batch_size=8, shuffle=False, workers=1, prefetch=0)
     it = iter(loader)
