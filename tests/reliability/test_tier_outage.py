@@ -104,16 +104,22 @@ class PausingStore(Store):
         self.inner.delete(key)
 
 
-def test_durable_gc_during_a_tier_copy_keeps_the_chunks_it_reuses(tmp_path):
-    """The copy finds the chunks in durable already (unreferenced there: the durable step was
-    deleted) and skips them; a durable sweep runs right before the copy commits the manifest.
-    The copy's durable lease must keep those chunks."""
+def _durable_step_zero(tmp_path) -> tuple[PausingStore, Tiering, set[str]]:
+    """Step 0 saved and copied to a pausable durable tier; returns the durable store, the
+    tiering and the chunk keys of step 0."""
     durable = PausingStore(str(tmp_path / "durable"))
     tiers = Tiering(str(tmp_path / "hot"), durable, policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0))
     with tiers.manager("run", policy=FULLS, options=SMALL) as mgr:
         mgr.save(0, state(0), blocking=True)
         mgr.wait()
-    keys = mf.manifest_chunk_keys(mf.load_manifest(tiers.hot, "run", 0))
+    return durable, tiers, mf.manifest_chunk_keys(mf.load_manifest(tiers.hot, "run", 0))
+
+
+def test_durable_gc_during_a_tier_copy_keeps_the_chunks_it_reuses(tmp_path):
+    """The copy finds the chunks in durable already (unreferenced there: the durable step was
+    deleted) and skips them; a durable sweep runs right before the copy commits the manifest.
+    The copy's durable lease must keep those chunks."""
+    durable, tiers, keys = _durable_step_zero(tmp_path)
     delete_checkpoint(durable, "run", 0)  # its chunks stay in durable, referenced by nothing there
     assert keys and all(durable.exists(k) for k in keys)
     sweeps = []
@@ -131,12 +137,7 @@ def test_durable_gc_during_a_tier_copy_keeps_the_chunks_it_reuses(tmp_path):
 def test_durable_copy_waits_for_a_running_durable_sweep(tmp_path):
     """A sweep that listed before the copy's lease was visible is still deleting when the
     copy starts: the copy waits for it, then copies what it deleted."""
-    durable = PausingStore(str(tmp_path / "durable"))
-    tiers = Tiering(str(tmp_path / "hot"), durable, policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0))
-    with tiers.manager("run", policy=FULLS, options=SMALL) as mgr:
-        mgr.save(0, state(0), blocking=True)
-        mgr.wait()
-    keys = mf.manifest_chunk_keys(mf.load_manifest(tiers.hot, "run", 0))
+    durable, tiers, keys = _durable_step_zero(tmp_path)
     delete_checkpoint(durable, "run", 0)
     listed, go = threading.Event(), threading.Event()
 
