@@ -25,7 +25,8 @@ from trainstore.errors import BackgroundError
 from trainstore.lifecycle.gc import LEASES, GcOptions, collect_garbage
 from trainstore.lifecycle.retention import delete_checkpoint
 from trainstore.lifecycle.tiering import Tiering, TierPolicy
-from trainstore.store.base import Buffer, ObjectMeta, Store
+from trainstore.store.base import Buffer, ForwardingStore, ObjectMeta
+from trainstore.store.tiered import TieredStore
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -70,38 +71,20 @@ def test_hot_saves_succeed_while_the_durable_bucket_is_down(tmp_path, fault_prox
     fresh.close()
 
 
-class PausingStore(Store):
+class PausingStore(ForwardingStore):
     """A real store (local directory) that runs ``before_commit`` once, right before the
     first manifest ``put_if_absent``: the moment an in-flight tier copy is about to commit."""
 
     def __init__(self, root: str) -> None:
-        self.inner = open_store(root)
+        super().__init__(open_store(root))
         self.url = "pausing+" + self.inner.url
         self.before_commit: Callable[[], None] | None = None
-
-    def get(self, key: str) -> Buffer:
-        return self.inner.get(key)
-
-    def get_range(self, key: str, start: int, length: int) -> Buffer:
-        return self.inner.get_range(key, start, length)
-
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
-        return self.inner.put(key, data)
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
         hook, self.before_commit = self.before_commit, None
         if hook is not None and key.endswith("manifest.json"):
             hook()
         return self.inner.put_if_absent(key, data)
-
-    def head(self, key: str) -> ObjectMeta:
-        return self.inner.head(key)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
 
 
 def _durable_step_zero(tmp_path) -> tuple[PausingStore, Tiering, set[str]]:
@@ -188,7 +171,6 @@ def test_write_through_save_leases_in_durable_where_it_commits(tmp_path, full_di
     whose failed fills are dropped; a full hot tier must not fail the save (the lease lives
     in durable, with the commit)."""
     from trainstore import CheckpointManager
-    from trainstore.store.tiered import TieredStore
 
     durable = str(tmp_path / "durable")
     store = TieredStore(open_store(full_dir), open_store(durable))
@@ -223,7 +205,6 @@ def test_dcp_incremental_save_on_hot_while_durable_is_down(tmp_path, fault_proxy
     import torch.distributed.checkpoint as dcp
 
     from trainstore.dcp import StorageReader, StorageWriter
-    from trainstore.store.tiered import TieredStore
 
     url, opts = flaky_s3
     store = TieredStore(open_store(str(tmp_path / "hot")), open_store(url, **opts), write_back=True)

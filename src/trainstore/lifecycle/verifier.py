@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from ..checkpoint.verify import record as record_verify, verify_manifest
 from ..chunks import ChunkStore, RepairEvent
 from ..durations import positive_duration
 from ..errors import ConfigError, IntegrityError, NotFoundError, TrainstoreError
-from ..store.base import Buffer, ObjectMeta, Store, StoreCapabilities
+from ..store.base import Buffer, ForwardingStore, Store, StoreCapabilities
 
 log = logging.getLogger("trainstore.lifecycle.verifier")
 
@@ -87,11 +87,12 @@ class TokenBucket:
             self.stop.wait(debt / self.rate)  # a stop request ends the wait early
 
 
-class _ThrottledStore(Store):
+class _ThrottledStore(ForwardingStore):
     """Reads of ``inner`` (and of each of its tiers) paid from one ``TokenBucket``."""
 
     def __init__(self, inner: Store, bucket: TokenBucket) -> None:
-        self.inner, self.bucket, self.url = inner, bucket, inner.url
+        super().__init__(inner)
+        self.bucket = bucket
 
     def _paid(self, data: Buffer) -> Buffer:
         self.bucket.take(memoryview(data).nbytes)
@@ -105,24 +106,6 @@ class _ThrottledStore(Store):
 
     def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[Buffer]:
         return [self._paid(b) for b in self.inner.get_ranges(key, ranges)]
-
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
-        return self.inner.put(key, data)
-
-    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        return self.inner.put_if_absent(key, data)
-
-    def head(self, key: str) -> ObjectMeta:
-        return self.inner.head(key)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
 
     @property
     def capabilities(self) -> StoreCapabilities:

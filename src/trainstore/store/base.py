@@ -181,18 +181,16 @@ class Store(abc.ABC):
         return f"{type(self).__name__}({self.url!r})"
 
 
-class ReadOnlyStore(Store):
-    """A read-only view of ``inner``: reads pass through, writes raise ``ReadOnlyError``
-    naming the key and the store. Its tiers are read-only views too, so a reader that walks
-    the tiers (chunk repair) cannot write through them either."""
+class ForwardingStore(Store):
+    """A store that passes every data call to ``inner``: the base of wrappers (read-only views,
+    throttles, test instruments) that change a few calls and forward the rest. It forwards the
+    data calls only; tiers, capabilities, local paths and closing keep ``Store``'s defaults
+    unless a wrapper decides otherwise (a wrapper that hands out ``inner``'s local paths or
+    tiers would let callers bypass it)."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.url = inner.url
-
-    def _refuse(self, action: str, key: str) -> ReadOnlyError:
-        validate_key(key)  # a bad key is still InvalidKeyError, as on any store
-        return ReadOnlyError(f"cannot {action} {key!r}: {self.url} is opened read-only")
 
     def get(self, key: str) -> Buffer:
         return self.inner.get(key)
@@ -204,10 +202,10 @@ class ReadOnlyStore(Store):
         return self.inner.get_ranges(key, ranges)
 
     def put(self, key: str, data: Buffer) -> ObjectMeta:
-        raise self._refuse("put", key)
+        return self.inner.put(key, data)
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        raise self._refuse("create", key)
+        return self.inner.put_if_absent(key, data)
 
     def head(self, key: str) -> ObjectMeta:
         return self.inner.head(key)
@@ -216,10 +214,29 @@ class ReadOnlyStore(Store):
         return self.inner.list(prefix)
 
     def delete(self, key: str) -> None:
-        raise self._refuse("delete", key)
+        self.inner.delete(key)
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
+
+
+class ReadOnlyStore(ForwardingStore):
+    """A read-only view of ``inner``: reads pass through, writes raise ``ReadOnlyError``
+    naming the key and the store. Its tiers are read-only views too, so a reader that walks
+    the tiers (chunk repair) cannot write through them either."""
+
+    def _refuse(self, action: str, key: str) -> ReadOnlyError:
+        validate_key(key)  # a bad key is still InvalidKeyError, as on any store
+        return ReadOnlyError(f"cannot {action} {key!r}: {self.url} is opened read-only")
+
+    def put(self, key: str, data: Buffer) -> ObjectMeta:
+        raise self._refuse("put", key)
+
+    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+        raise self._refuse("create", key)
+
+    def delete(self, key: str) -> None:
+        raise self._refuse("delete", key)
 
     def local_path(self, key: str) -> str | None:
         return self.inner.local_path(key)
