@@ -18,7 +18,8 @@ batch included: a cold start counts). Regimes: ``cold`` (a new reader with an em
 each try), ``warm`` (everything cached), ``cache25`` / ``cache50`` (cache limit 25% / 50% of
 the dataset, steady-state epochs). Per regime and system: the no-compute epoch, then a
 geometric ladder of computes (x1.5, tried interleaved across systems, ``--reps`` each, median
-AU) up to the first with AU >= 90% and one bisection step; then every system at the goal
+AU) up to the first with AU >= 90% and one bisection step (a system skips the points below 0.8x
+its own no-compute ms/batch: AU <= compute / that, so they cannot reach 90%); then every system at the goal
 point, 0.67x the best peer's minimal compute. Bytes per epoch: median over the tries.
 
 Run: ``.venv/bin/python benchmarks/loader_s3.py --dataset-mb 256`` (several GB:
@@ -57,6 +58,7 @@ WORKERS = 2
 SHARDS = 32
 AU_GOAL = 0.9
 GOAL_RATIO = 0.67
+SKIP_BELOW = 0.8  # ladder points below 0.8x a system's own no-compute ms/batch are skipped
 REGIMES = ("cold", "warm", "cache25", "cache50")
 
 
@@ -364,12 +366,24 @@ class Bench:
         c = 0.75 * min(r["per_batch_s"] for r in base.values())
         searching = dict(systems)
         last_miss = {n: 0.0 for n in systems}
+        own = {n: r["per_batch_s"] for n, r in base.items()}
         while searching:
             if c * batches > self.max_try_s:
                 self.log(f"    {regime}: AU {AU_GOAL:.0%} not reached below {c * 1e3:.1f} ms by "
                          f"{', '.join(searching)}")
                 break
-            got = self.point(searching, regime, c)
+            # AU <= compute / (no-compute wall per batch): a system whose own no-compute epoch is
+            # slower than c / 0.8 cannot reach 90% at c (noise margin included), so it skips c
+            skipped = {n for n in searching if c < SKIP_BELOW * own.get(n, 0.0)}
+            for n in skipped:
+                last_miss[n] = c
+            if len(skipped) == len(searching):
+                c *= 1.5
+                continue
+            trying = {n: s for n, s in searching.items() if n not in skipped}
+            got = self.point(trying, regime, c)
+            for n in set(searching) - skipped - set(trying):
+                del searching[n]  # failed at this point
             for n in list(systems):
                 if n not in searching and res[n]["min_compute_ms"] is None:
                     del systems[n]  # failed
@@ -385,6 +399,8 @@ class Bench:
             mids = {n: s for n, s in hit.items() if last_miss[n] > 0}
             for n, s in mids.items():  # one bisection step between the last miss and the hit
                 mid = (last_miss[n] + c) / 2
+                if mid < SKIP_BELOW * own.get(n, 0.0):
+                    continue  # cannot reach the goal there either
                 one = {n: s}
                 r = self.point(one, regime, mid).get(n)
                 if r is None:
