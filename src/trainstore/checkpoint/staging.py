@@ -15,6 +15,14 @@ the copy itself).
 
 ``stage(leaves)`` copies every tensor of a flattened state into its slot and returns
 ``StagedTensor`` views (raw bytes) the background writer reads while training continues.
+CUDA tensors are copied by ``devicecopy.to_host`` on a side stream into the pinned arena,
+ordered by events, never a device-wide sync: ``stage`` returns once the copies are enqueued,
+having made the caller's current stream wait on their ``done`` event (``cuda_wait="stream"``:
+kernels the training enqueues later, the optimizer step that would modify the tensors
+included, run after the copy; the host is not blocked) or waited for it
+(``cuda_wait="host"``: for training that modifies the tensors from other streams). The
+writer's first read of ``StagedTensor.data`` waits for the copy, and an arena is reused only
+after its copy ran.
 ``stage_state_dict(state_dict)`` is the same job for a torch.distributed state dict (DTensor
 / FSDP shards kept as such, for ``dcp.save``): a host copy reused while the layout holds.
 One ``Stager`` serves both save backends (single process and DCP).
@@ -31,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from ..devicecopy import CopyFence, to_host
+from ..errors import ConfigError
 from ..hostmem import PAGE, HostBuffer
 from .state import Leaf
 
@@ -46,17 +56,28 @@ LARGE_ALIGN = PAGE
 #: Tensors larger than this are copied by ``COPY_THREADS`` plain threads in parts.
 SPLIT_COPY_BYTES = 32 << 20
 COPY_THREADS = max(1, min(2, os.cpu_count() or 1))
+#: How a save of CUDA tensors keeps the training from modifying them before their copy ran.
+CUDA_WAITS = ("stream", "host")
 
 
 @dataclass
 class StagedTensor:
-    """A staged copy of one leaf: its metadata and a uint8 view of its bytes in the arena."""
+    """A staged copy of one leaf: its metadata and a uint8 view of its bytes in the arena.
+    ``data`` waits for the device-to-host copy of a CUDA leaf (``fence``) on first use."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     itemsize: int
-    data: memoryview  # raw bytes (format "B"), valid until the arena is reused
+    raw: memoryview  # raw bytes (format "B"), valid until the arena is reused
+    fence: CopyFence | None = None
+
+    @property
+    def data(self) -> memoryview:
+        if self.fence is not None:
+            self.fence.wait()
+            self.fence = None
+        return self.raw
 
 
 class Arena:
@@ -68,6 +89,7 @@ class Arena:
         self.capacity = max(int(nbytes), ALIGN)
         self.buffer = HostBuffer(self.capacity, huge_pages=huge_pages, pin=pin)
         self.fresh = True  # no page touched yet: the first stage() populates what it needs
+        self.copying: CopyFence | None = None  # device-to-host copies into it still in flight
         self.pinned = self.buffer.pinned
         self.array = self.buffer.array()
         self.tensor = self.buffer.tensor() if torch is not None else None
@@ -84,8 +106,12 @@ class Arena:
             self.buffer.touch()
 
     def ready(self) -> None:
-        """Wait for a background touch still running (before anything is copied in)."""
+        """Wait for a background touch or a device copy still running (before anything is
+        copied in)."""
         self.buffer.wait_touched()
+        if self.copying is not None:
+            self.copying.wait()
+            self.copying = None
 
 
 def slot_align(nbytes: int) -> int:
@@ -164,8 +190,11 @@ class Stager:
     steady state allocates nothing.
     """
 
-    def __init__(self, pin: bool | None = None) -> None:
+    def __init__(self, pin: bool | None = None, cuda_wait: str = "stream") -> None:
+        if cuda_wait not in CUDA_WAITS:
+            raise ConfigError(f"cuda_wait must be one of {CUDA_WAITS}, got {cuda_wait!r}")
         self.pin = pin
+        self.cuda_wait = cuda_wait
         self._spare: list[Arena] = []
         self._spare_lock = threading.Lock()
         self.allocations = 0  # how many arenas were ever allocated (tests check reuse)
@@ -231,7 +260,8 @@ class Stager:
             arena.buffer.populate(0, total, threads=COPY_THREADS)
             arena.fresh = False
         out: list[StagedTensor] = []
-        cuda_used = False
+        device_copies: list[tuple[Any, Any]] = []  # (arena slot tensor, CUDA source)
+        on_device: list[int] = []  # indices in out of the CUDA leaves
         for leaf, off in zip(leaves, offsets):
             dst = arena.slot(off, leaf.nbytes)
             obj = leaf.obj
@@ -248,16 +278,22 @@ class Stager:
                     self._memcpy(dst, src.reshape(-1).view(torch.uint8).numpy())
                 elif leaf.nbytes:
                     dst_t = arena.tensor[off:off + leaf.nbytes].view(src.dtype).view(src.shape)
-                    if src.device.type != "cpu":
-                        dst_t.copy_(src, non_blocking=arena.pinned)
-                        cuda_used = cuda_used or src.device.type == "cuda"
-                    else:
+                    if src.device.type == "cuda":
+                        device_copies.append((dst_t, src))
+                        on_device.append(len(out))
+                    else:  # a non-contiguous host tensor, or another device: a synchronous copy
                         dst_t.copy_(src)
             elif leaf.nbytes:
                 np.copyto(dst.view(obj.dtype).reshape(obj.shape), obj, casting="no")
             out.append(StagedTensor(leaf.name, leaf.dtype, leaf.shape, leaf.itemsize, memoryview(dst)))
-        if cuda_used:
-            torch.cuda.synchronize()
+        if device_copies:
+            fence = arena.copying = to_host(device_copies)
+            if self.cuda_wait == "host":
+                fence.wait()
+            else:
+                fence.hold()
+            for i in on_device:
+                out[i].fence = fence
         return out
 
     def stage_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -285,5 +321,5 @@ def _layout(state_dict: dict[str, Any]) -> Any:
     return spec, [(type(x), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
-__all__ = ["ALIGN", "LARGE_ALIGN", "LARGE_SLOT_BYTES", "Arena", "StagedTensor", "Stager", "plan", "plan_sizes",
+__all__ = ["ALIGN", "CUDA_WAITS", "LARGE_ALIGN", "LARGE_SLOT_BYTES", "Arena", "StagedTensor", "Stager", "plan", "plan_sizes",
            "template_sizes"]
