@@ -129,3 +129,26 @@ def test_refusals(ds):
     p = PackedLoader(loader, PackingConfig(seq_len=8))
     with pytest.raises(ConfigError, match="other packing settings"):
         p.load_state_dict(dict(PackedLoader(loader, PackingConfig(seq_len=16)).state_dict()))
+
+
+@pytest.mark.parametrize(("mode", "split"), MODES)
+def test_state_right_after_resume_keeps_the_returned_count(ds, mode, split):
+    """issue 26 item 2: a state taken after load_state_dict and before the first batch (a
+    checkpoint at the resume step, a preemption handler) resumes where the first one did."""
+    full = [b["input_ids"].tolist() for b in packed(ds, mode, split)]
+    p = packed(ds, mode, split)
+    first = []
+    for b in p:
+        first.append(b["input_ids"].tolist())
+        if len(first) == 3:
+            break
+    state = p.state_dict()
+    assert state["skip"] > 0  # stopped inside a window: the case that was lost
+    q = packed(ds, mode, split)
+    q.load_state_dict(state)
+    assert q.state_dict() == state  # nothing served yet: the same resume point
+    iter(q)  # an iterator made but not advanced serves nothing either
+    again = q.state_dict()
+    r = packed(ds, mode, split)
+    r.load_state_dict(again)
+    assert first + [b["input_ids"].tolist() for b in r] == full

@@ -216,7 +216,9 @@ class PackedLoader:
             raise ConfigError(f"packed-loader state was saved with other packing settings: {state.get('packing')}")
         self.loader.load_state_dict(state["loader"])
         self._skip = int(state["skip"])
-        self._start_state, self._returned = None, 0
+        # the resume point is the loaded one until the first batch moves it: a state taken
+        # before that (a checkpoint at the resume step) must keep the sequences already returned
+        self._start_state, self._returned = self.loader.state_dict(), self._skip
 
 
 __all__ = ["PACKING_MODES", "PackedLoader", "PackingConfig", "block_attention_mask", "collate_packed",
