@@ -7,7 +7,9 @@ gather per shard from memory-mapped Arrow files, the GIL released) while batch `
 consumed. For a ``parquet`` version, ``decode_ahead`` threads decode the row groups upcoming
 batches need as soon as their shard is filled (``decodeahead``). When the cache limit is
 smaller than what the rank reads, shards whose last use in this epoch has passed are evicted
-at once, so the space goes to shards still needed.
+at once, so the space goes to shards still needed. With ``device="cuda"`` the batch threads
+pin each batch and copy it to the GPU ``non_blocking`` on a side stream (``devicecopy``); the
+iterating thread's current stream waits for that copy on the GPU, so neither side blocks.
 
 ``state_dict()`` is a small JSON-able dict (epoch, batches consumed, seed, world size, and the
 world sizes earlier parts of this epoch ran with); ``load_state_dict`` resumes exactly after
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...bytebudget import ByteBudget
+from ...devicecopy import CopyFence, cuda_available, to_device
 from ...errors import ConfigError
 from .dataset import Dataset, DatasetConfig
 from .decodeahead import DecodeAhead
@@ -54,6 +57,7 @@ class LoaderConfig:
     prefetch_backoff_s: float = 0.2  # first retry delay, doubling
     fill_concurrency: int = 4  # shards filled into the node cache at once (serve.fill)
     decode_ahead: int = 2  # threads decoding Parquet row groups ahead of use (serve.decodeahead); 0: off
+    device: str | None = None  # "cuda[:i]": batches pinned and copied there non_blocking (devicecopy)
 
     def __post_init__(self) -> None:
         if self.prefetch_retries < 0 or self.prefetch_backoff_s < 0:
@@ -62,6 +66,10 @@ class LoaderConfig:
             raise ConfigError(f"fill_concurrency must be positive, got {self.fill_concurrency}")
         if self.decode_ahead < 0:
             raise ConfigError(f"decode_ahead must be >= 0, got {self.decode_ahead}")
+        if self.device is not None and not self.device.startswith("cuda"):
+            raise ConfigError(f"device must be 'cuda' or 'cuda:<index>', got {self.device!r}")
+        if self.device is not None and not cuda_available():
+            raise ConfigError(f"device={self.device!r} asked for, but torch sees no CUDA device")
         if self.prefetch < 0 or self.workers <= 0:
             raise ConfigError(f"prefetch must be >= 0 and workers > 0, got {self.prefetch}, {self.workers}")
 
@@ -109,6 +117,7 @@ class Loader:
         exchange: bool = False,
         exchange_group: Any = None,
         decode_ahead: int = 2,
+        device: str | None = None,
     ) -> None:
         if not isinstance(dataset, Dataset):
             raise ConfigError(f"Loader needs a trainstore.data.Dataset, got {type(dataset).__name__}")
@@ -126,7 +135,7 @@ class Loader:
         self.dataset = dataset
         self.config = LoaderConfig(batch_size, shuffle, seed, shuffle_mode if shuffle else "none",
                                    block_shards, prefetch, workers, drop_last, as_torch,
-                                   decode_ahead=decode_ahead)
+                                   decode_ahead=decode_ahead, device=device)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         self.collate = collate
         # exchange mode (serve.exchange): read only owned shards, swap rows over torch.distributed
@@ -192,7 +201,9 @@ class Loader:
                 item = run.next()
                 if item is None:
                     break
-                batch, nbytes = item
+                batch, nbytes, fence = item
+                if fence is not None:  # this thread's stream waits for the batch's copy (on the GPU)
+                    fence.hold()
                 self._position += 1
                 self.meter.end(t0, nbytes)
                 if (self._ahead is None and run.all_submitted() and self.config.prefetch
@@ -276,15 +287,20 @@ class Loader:
                      "epoch": self.epoch, "position": self._position})
         return snap
 
-    def _finish(self, arrays: dict[str, np.ndarray]) -> tuple[Any, int]:
+    def _finish(self, arrays: dict[str, np.ndarray]) -> tuple[Any, int, CopyFence | None]:
+        """The batch as handed out (torch / on the device / collated), its bytes, and the fence
+        of its device copy (the consumer ``hold``s it; the batch threads never wait for it)."""
         nbytes = sum(a.nbytes for a in arrays.values() if a.dtype != object)
-        if self.config.as_torch:
+        fence = None
+        if self.config.as_torch or self.config.device is not None:
             import torch  # noqa: PLC0415
 
             arrays = {k: torch.from_numpy(v) if v.dtype != object else v for k, v in arrays.items()}
+        if self.config.device is not None:
+            arrays, fence = to_device(arrays, self.config.device)
         if self.collate is not None:
-            return self.collate(arrays), nbytes
-        return arrays, nbytes
+            return self.collate(arrays), nbytes, fence
+        return arrays, nbytes, fence
 
 
 class _EpochRun:
@@ -343,15 +359,15 @@ class _EpochRun:
             self.pending.append(self.pool.submit(self._assemble, self.submitted))
             self.submitted += 1
 
-    def _assemble(self, b: int) -> tuple[Any, int]:
+    def _assemble(self, b: int) -> tuple[Any, int, CopyFence | None]:
         if self._closed.is_set():
             raise RuntimeError("loader closed")
         item = self.batches[b]
         if isinstance(item, ExchangeStep):
-            return self.exchange.gather(item), 0  # sent in next(), in batch order
+            return self.exchange.gather(item), 0, None  # sent in next(), in batch order
         return self.loader._finish(self.ds.take(item))
 
-    def next(self) -> tuple[Any, int] | None:
+    def next(self) -> tuple[Any, int, CopyFence | None] | None:
         if self.filler.error is not None:  # the shard thread stopped: say so now, not silently
             err, self.filler.error = self.filler.error, None
             raise err
