@@ -107,6 +107,10 @@ class SaveBackend(abc.ABC):
     def load(self, manifest: Manifest, into: Any, scratch_bytes: int) -> Any:
         """Caller thread: the state of ``manifest`` (or loaded into ``into``, in place)."""
 
+    def lineage_changed(self) -> None:
+        """Caller thread: steps were moved out of the lineage (``lineage.abandon``); forget
+        any remembered base checkpoint, which may be one of them."""
+
     def close(self) -> None:
         """Release buffers (the manager's ``close``)."""
 

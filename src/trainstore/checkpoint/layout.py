@@ -5,12 +5,19 @@ every checkpoint of every job in the store)::
 
     jobs/<job>/checkpoints/<step:012d>/manifest.json  the checkpoint; written LAST, put_if_absent
     jobs/<job>/checkpoints/<step:012d>/verify.json    latest verification record (optional, put)
+    jobs/<job>/abandoned/<step:012d>/<run>/manifest.json  a step a rollback or rerun left behind
     chunks/<h[0:2]>/<h>.<codec>                       content-addressed chunks (trainstore.chunks)
 
 A checkpoint exists only once its ``manifest.json`` is committed, after every chunk it names
 is durable; a crashed save leaves at most unreferenced chunks (garbage for GC) and is never
 listed. ``verify.json`` is advisory: it records the outcome of the last ``verify`` so that
 ``restore()`` does not retry a checkpoint known to be bad (unless asked).
+
+``checkpoints/`` holds the job's current lineage only; a rollback (a save after restoring a
+step that is not the newest) or a fresh run reaching an existing step moves the steps it
+leaves behind to ``abandoned/`` (``checkpoint.lineage``), where they stay, still complete
+(gc keeps their chunks), until retention removes them. ``<run>`` is the run id recorded in
+the manifest (``legacy-<hash>`` for manifests written before run ids).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from ..store.base import Store
 STEP_DIGITS = 12
 MANIFEST_NAME = "manifest.json"
 VERIFY_NAME = "verify.json"
+ABANDONED = "abandoned"
 
 
 def check_job(job: str) -> str:
@@ -56,6 +64,15 @@ def verify_key(job: str, step: int) -> str:
     return step_prefix(job, step) + VERIFY_NAME
 
 
+def abandoned_prefix(job: str) -> str:
+    return f"jobs/{check_job(job)}/{ABANDONED}/"
+
+
+def abandoned_key(job: str, step: int, run: str) -> str:
+    """Where a step of run ``run`` goes when the lineage leaves it behind."""
+    return f"{abandoned_prefix(job)}{check_step(step):0{STEP_DIGITS}d}/{check_name(run, 'run id')}/{MANIFEST_NAME}"
+
+
 # -- listing ----------------------------------------------------------------------------
 def list_steps(store: Store, job: str) -> list[int]:
     """Committed steps of ``job``, ascending (a step counts once its manifest.json exists)."""
@@ -69,17 +86,30 @@ def list_steps(store: Store, job: str) -> list[int]:
     return sorted(steps)
 
 
-def list_jobs(store: Store) -> list[str]:
-    """Job names that have at least one committed checkpoint."""
+def list_abandoned(store: Store, job: str) -> list[tuple[int, str, str]]:
+    """(step, run, key) of every abandoned checkpoint of ``job``, by step then run."""
+    prefix = abandoned_prefix(job)
+    found = []
+    for meta in store.list(prefix):
+        parts = meta.key[len(prefix):].split("/")
+        if len(parts) == 3 and parts[2] == MANIFEST_NAME and len(parts[0]) == STEP_DIGITS and parts[0].isdigit():
+            found.append((int(parts[0]), parts[1], meta.key))
+    return sorted(found)
+
+
+def list_jobs(store: Store, *, abandoned: bool = False) -> list[str]:
+    """Job names that have at least one committed checkpoint (``abandoned``: or an abandoned one)."""
     jobs = set()
     for meta in store.list("jobs/"):
         parts = meta.key.split("/")
         if len(parts) == 5 and parts[2] == "checkpoints" and parts[4] == MANIFEST_NAME:
             jobs.add(parts[1])
+        elif abandoned and len(parts) == 6 and parts[2] == ABANDONED and parts[5] == MANIFEST_NAME:
+            jobs.add(parts[1])
     return sorted(jobs)
 
 
 __all__ = [
-    "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "check_job", "check_step", "checkpoints_prefix",
+    "ABANDONED", "abandoned_key", "abandoned_prefix", "list_abandoned", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "check_job", "check_step", "checkpoints_prefix",
     "job_prefix", "list_jobs", "list_steps", "manifest_key", "step_prefix", "verify_key",
 ]

@@ -20,6 +20,11 @@ picked per save by ``backend.backend_name``. A save copies the state to host buf
 only part on the caller's clock) and one background thread writes and commits it.
 Restore picks candidates in ``restore``; the backend that wrote a manifest loads it.
 
+Rollbacks and reruns (``lineage``): a save reaching a step that exists, after a restore of
+an older step or as a fresh run's first save, moves the steps left behind to
+``abandoned/`` and starts a new run; ``restore()`` and ``latest_step`` follow the lineage.
+Within one run a step is saved once (``AlreadyExistsError``).
+
 Pluggable: ``hooks`` are called as ``hook(info, manager)`` after each committed save (on the
 background thread: retention, tiering, metrics export); all store access goes through the
 ``Store`` interface, so a tiered store can be passed instead of a URL.
@@ -42,16 +47,16 @@ from ..errors import (
     IntegrityError,
     NotFoundError,
     NoValidCheckpointError,
-    StoreUnavailableError,
-    TrainstoreError,
 )
 from ..provenance import code_version, trainstore_version
 from ..store import open_store
 from ..store.base import Store
-from . import exit as exit_hooks, manifest as mf
+from . import exit as exit_hooks, lineage, manifest as mf
 from .backend import SaveBackend, SaveContext, backend_class, backend_name, loader_name
 from .failures import SaveErrorPolicy, SaveFailures
 from .inflight import InflightSaves
+from .layout import abandoned_prefix
+from .listing import checkpoint_infos
 from .lossy import LossyReport
 from .manifest import Manifest
 from .reader import SCRATCH_BYTES
@@ -73,7 +78,7 @@ class CheckpointManager:
                  hooks: Sequence[Callable[[CheckpointInfo, CheckpointManager], None]] = (),
                  pin_memory: bool | None = None, read_workers: int = 4,
                  observers: Sequence[Callable[[str, dict], None]] = (),
-                 on_error: str | SaveErrorPolicy = "raise") -> None:
+                 on_error: str | SaveErrorPolicy = "raise", run: str | None = None) -> None:
         self.job = mf.check_job(job)
         # a failed background save: "raise" at the next call, or "warn"/"retry" and save again soon
         self.failures = SaveFailures(self.job, SaveErrorPolicy.of(on_error))
@@ -81,6 +86,8 @@ class CheckpointManager:
         self.options = options or WriteOptions()
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store, **(store_options or {})) if isinstance(store, str) else store
+        # the run recorded in each manifest: given, continued from a restored head, or new
+        self._lineage = lineage.RunLineage(self.store, self.job, run)
         self.repairs: list[RepairEvent] = []  # bad chunk copies this manager's reads repaired
         self.chunks = ChunkStore(self.store, codec=CodecConfig(self.options.codec, self.options.level,
                                                                self.options.codec_threads),
@@ -140,20 +147,46 @@ class CheckpointManager:
                 log.warning(msg)
                 return SaveHandle(step, kind, None, skipped=True)
             self._wait_inflight()
+        parent = self._follow_lineage(step, backend)
         backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
                     "created": time.time(), "code_version": self._code_version, "trainstore_version": trainstore_version(),
-                    "extra": jsonable(extra or {}, "extra")}
+                    "extra": jsonable(extra or {}, "extra"), lineage.RUN_FIELD: self.run, lineage.PARENT_FIELD: parent}
         staged = backend.stage(state)
         del state  # the live tensors may change from here on
         blocked = time.perf_counter() - t0
         fut = self._executor.submit(self._write, backend, step, kind, staged, metadata)
         self._saves.start(step, fut)
+        self._lineage.saved(step)
         handle = SaveHandle(step, kind, fut, blocked_s=blocked)
         self._notify("save_staged", step=step, kind=kind, blocked_s=blocked)
         if blocking:
             self._wait_inflight()
         return handle
+
+    @property
+    def run(self) -> str:
+        """The run id this manager records in its manifests (``lineage``)."""
+        return self._lineage.run
+
+    def _follow_lineage(self, step: int, backend: SaveBackend) -> int | None:
+        """A save reaching an existing step rolls back or starts a fresh lineage (``lineage``)."""
+        def abandoned(step: int, parent: int | None, moved: list[int]) -> None:
+            backend.lineage_changed()
+            log.warning("checkpoint step %d of job %r exists from an earlier run: %s as run %r; steps %s kept under "
+                        "%s until retention removes them", step, self.job,
+                        "starting a fresh lineage" if parent is None else f"rolling back to step {parent}",
+                        self.run, moved, abandoned_prefix(self.job))
+            self._notify("lineage", step=step, run=self.run, parent=parent, abandoned=moved)
+
+        return self._lineage.follow(step, abandoned)
+
+    def start_run(self, from_step: int | None = None, run: str | None = None) -> None:
+        """Declare where the next saves continue from, for callers that load state by other
+        means than ``restore``: ``from_step`` (a lineage step; None: a fresh run). The next
+        save that reaches an existing step then rolls back (see ``lineage``)."""
+        self._check_open()
+        self._lineage.start(from_step, run)
 
     def reserve(self, state_or_template: Any, *, background: bool = False) -> None:
         """Allocate and touch the host staging buffers of saves of ``state_or_template`` now,
@@ -268,7 +301,7 @@ class CheckpointManager:
 
     # -- listing & verification ------------------------------------------------------------
     def steps(self) -> list[int]:
-        """Committed steps, ascending."""
+        """Committed steps of the current lineage, ascending (not the abandoned ones)."""
         return mf.list_steps(self.store, self.job)
 
     def latest_step(self) -> int | None:
@@ -278,26 +311,11 @@ class CheckpointManager:
     def manifest(self, step: int) -> Manifest:
         return mf.load_manifest(self.store, self.job, step)
 
-    def list(self) -> list[CheckpointInfo]:
+    def list(self, abandoned: bool = False) -> list[CheckpointInfo]:
         """Every committed checkpoint, oldest first (unreadable manifests as status 'unreadable').
-        On a tiered store, ``durable`` says whether a tier past the hot one holds it."""
-        out = []
-        tiers = self.store.tiers()
-        beyond_hot = {s for t in tiers[1:] for s in mf.list_steps(t, self.job)}
-        for step in self.steps():
-            durable = len(tiers) == 1 or step in beyond_hot
-            try:
-                m = self.manifest(step)
-            except NotFoundError:
-                continue
-            except TrainstoreError as exc:
-                if isinstance(exc, StoreUnavailableError):
-                    raise
-                out.append(CheckpointInfo(step, "?", None, 0.0, {}, {}, 0, 0, 0, 0, "unreadable", None, (str(exc),),
-                                          durable=durable))
-                continue
-            out.append(CheckpointInfo.from_manifest(m, mf.load_verify_record(self.store, self.job, step), durable))
-        return out
+        On a tiered store, ``durable`` says whether a tier past the hot one holds it.
+        ``abandoned``: also the steps rollbacks and reruns left behind (``abandoned=True``)."""
+        return checkpoint_infos(self.store, self.job, abandoned)
 
     def verify(self, step: int | None = None, deep: bool = True) -> list[mf.VerifyRecord]:
         """Verify one step (or all); records each outcome in the store; returns the records."""
@@ -383,6 +401,7 @@ class CheckpointManager:
             raise NoValidCheckpointError(f"no checkpoint of job {self.job!r} could be restored; tried: "
                                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
         m, why, state = found
+        self._lineage.restored(m, self.latest_step())
         result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
                                repairs=self.repairs[repairs_before:], partial=partial[0] if partial else None,
                                lossy=LossyReport.of(m))

@@ -109,6 +109,11 @@ class SingleProcessBackend(SaveBackend):
             return load_state(self.ctx.chunks, manifest, self.ctx.read_workers)
         return load_into(self.ctx.chunks, manifest, into, self.ctx.read_workers, scratch_bytes)
 
+    def lineage_changed(self) -> None:
+        old, self._base, self._base_views, self._base_arena = self._base_arena, None, None, None
+        if old is not None:
+            self.stager.release(old)
+
     def close(self) -> None:
         self._base_views = None
         self._base_arena = None

@@ -88,14 +88,19 @@ class CheckpointInfo:
     code_version: str | None = None  # the user's code (provenance.code_version)
     durable: bool = True
     trainstore_version: str | None = None  # the library that wrote it (provenance.trainstore_version)
+    run: str | None = None  # the run that wrote it (checkpoint.lineage; None before run ids)
+    abandoned: bool = False  # left behind by a rollback or rerun: not in the lineage restore follows
 
     @classmethod
-    def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None, durable: bool = True) -> CheckpointInfo:
+    def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None, durable: bool = True,
+                      abandoned: bool = False) -> CheckpointInfo:
         status = "unverified" if rec is None else ("ok" if rec.ok else "bad")
+        run = m.metadata.get("run")
         return cls(m.step, m.kind, m.base_step, m.created, m.metrics, m.config, m.logical_bytes,
                    m.stored_bytes, m.written_bytes, len(m.tensors), status,
                    rec.checked_at if rec else None, rec.errors if rec else (),
-                   m.metadata.get("code_version"), durable, m.metadata.get("trainstore_version"))
+                   m.metadata.get("code_version"), durable, m.metadata.get("trainstore_version"),
+                   run if isinstance(run, str) else None, abandoned)
 
 
 @dataclass

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoint import manifest as mf
+from ..checkpoint.layout import list_abandoned, list_jobs
 from ..checkpoint.lease import (
     CLOCK_SKEW_S,
     LEASE_RENEW_S,
@@ -42,9 +43,10 @@ from ..checkpoint.lease import (
     SWEEPS,
     sweep_markers,
 )
+from ..checkpoint.lineage import load_abandoned
 from ..chunks import ChunkStore, replica_key
 from ..durations import parse_duration
-from ..errors import ConfigError, ManifestError, TrainstoreError
+from ..errors import ConfigError, ManifestError, NotFoundError, TrainstoreError
 from ..store.base import Store
 from ..sweeps import SweepMarker, SweepOptions, load_json
 
@@ -99,12 +101,13 @@ def _now() -> float:
 
 def referenced_chunks(store: Store, *, ignore_unreadable: bool = False,
                       on_manifest: Callable[[], Any] | None = None) -> tuple[set[str], int, int]:
-    """Chunk keys referenced by every committed manifest of every job: (keys, manifests, jobs)."""
+    """Chunk keys referenced by every committed manifest of every job, abandoned ones (a
+    rollback's, kept until retention removes them) included: (keys, manifests, jobs)."""
     keys: set[str] = set()
     n = 0
-    jobs = mf.list_jobs(store)
+    jobs = list_jobs(store, abandoned=True)
     for job in jobs:
-        for m in mf.list_manifests(store, job):
+        for m in (*mf.list_manifests(store, job), *_abandoned_manifests(store, job)):
             if isinstance(m, ManifestError):
                 if not ignore_unreadable:
                     raise ManifestError(f"gc refuses to run: {m} (it cannot know which chunks that manifest "
@@ -116,6 +119,16 @@ def referenced_chunks(store: Store, *, ignore_unreadable: bool = False,
             if on_manifest is not None:
                 on_manifest()
     return keys, n, len(jobs)
+
+
+def _abandoned_manifests(store: Store, job: str) -> Iterator[mf.Manifest | ManifestError]:
+    for _step, _run, key in list_abandoned(store, job):
+        try:
+            yield load_abandoned(store, key)
+        except ManifestError as exc:
+            yield exc
+        except NotFoundError:
+            continue  # removed by retention while listing
 
 
 def lease_expiry(lease: dict, lease_ttl: float) -> float:

@@ -1,0 +1,163 @@
+"""Runs and lineage: rollbacks and reruns in one job, without overwriting or losing a step.
+
+A job's ``checkpoints/`` holds its current lineage: the steps ``restore()``, "latest",
+retention's rules and tiering see. Each manifest records the run that wrote it
+(``metadata["run"]``) and the step it continued from (``metadata["parent_step"]``).
+
+When training reaches a step that exists although it did not come from there - a save after
+``restore(step=...)`` of a step that is not the newest (a rollback), or a fresh run in the
+same job - the manager moves the steps the new lineage leaves behind (``abandon``) to
+``jobs/<job>/abandoned/<step>/<run>/manifest.json`` (``layout.abandoned_key``), tier by
+tier: the manifest is created there first (conditional create, same bytes or nothing),
+then removed from ``checkpoints/``. A crash in between leaves both (the next save finishes
+the move); nothing is overwritten in place. Abandoned checkpoints stay complete - gc keeps
+their chunks - and are listed (``CheckpointManager.list(abandoned=True)``, ``ckpt ls``)
+until retention removes them (``lifecycle.retention``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+
+from ..chunks import content_hash
+from ..errors import AlreadyExistsError, ConflictError, ManifestError, NotFoundError
+from ..naming import check_name
+from ..store.base import Store
+from .layout import (
+    MANIFEST_NAME,
+    abandoned_key,
+    abandoned_prefix,
+    check_step,
+    list_steps,
+    manifest_key,
+    step_prefix,
+)
+from .manifest import MAX_MANIFEST_BYTES, Manifest
+
+RUN_FIELD = "run"
+PARENT_FIELD = "parent_step"
+
+
+def new_run_id() -> str:
+    """A fresh run id: UTC start time (sorts by age) and a random suffix."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def run_of(m: Manifest) -> str | None:
+    """The run that wrote ``m`` (None for manifests written before run ids)."""
+    run = m.metadata.get(RUN_FIELD)
+    return run if isinstance(run, str) and run else None
+
+
+def _run_name(m: Manifest | None, raw: bytes) -> str:
+    run = run_of(m) if m is not None else None
+    return run if run is not None else "legacy-" + content_hash(raw)[:12]
+
+
+def abandon(store: Store, job: str, steps: list[int]) -> list[tuple[int, str]]:
+    """Move ``steps`` of ``job`` out of the lineage, in every tier that holds them, newest
+    first (a crash leaves the lineage a prefix of itself). Returns (step, run) moved."""
+    moved = []
+    for step in sorted(steps, reverse=True):
+        run = None
+        for tier in store.tiers():
+            try:
+                run = _move(tier, job, step)
+            except NotFoundError:
+                continue  # this tier never held it (or a racing rank moved it)
+        if run is not None:
+            moved.append((step, run))
+    return moved
+
+
+def _move(tier: Store, job: str, step: int) -> str:
+    key = manifest_key(job, step)
+    raw = bytes(memoryview(tier.get(key)))
+    try:
+        m: Manifest | None = Manifest.from_bytes(raw, key)
+    except ManifestError:
+        m = None  # an unreadable manifest is kept as it is, for inspection
+    run = _run_name(m, raw)
+    dest = abandoned_key(job, step, run)
+    try:
+        tier.put_if_absent(dest, raw)
+    except AlreadyExistsError:  # an earlier, interrupted move (or a racing rank)
+        if bytes(memoryview(tier.get(dest))) != raw:
+            raise ConflictError(f"{dest} exists in {tier.url} with other content than {key}; "
+                                "inspect both before retrying") from None
+    side = dest[:-len(MANIFEST_NAME)]
+    others = [meta.key for meta in tier.list(step_prefix(job, step)) if meta.key != key]
+    for other in others:  # verification records, tier records: advisory, moved along
+        try:
+            tier.put(side + other.rsplit("/", 1)[1], tier.get(other))
+        except NotFoundError:
+            continue
+    tier.delete(key)  # the step leaves the lineage here
+    for other in others:
+        tier.delete(other)
+    return run
+
+
+class RunLineage:
+    """One manager's place in its job's lineage: the run id it records, the step training is
+    at (restored or saved last), and whether its next save may reach an existing step."""
+
+    def __init__(self, store: Store, job: str, run: str | None) -> None:
+        self.store, self.job = store, job
+        self.run = check_name(run, "run id") if run is not None else new_run_id()
+        self._given = run is not None
+        self.position: int | None = None
+        self._check = True  # until this run's first save (and again after a restore)
+
+    def start(self, from_step: int | None, run: str | None) -> None:
+        """The next saves continue from ``from_step`` (None: a fresh run)."""
+        self.position = None if from_step is None else check_step(from_step)
+        self._check = True
+        if run is not None or not self._given:
+            self.run = check_name(run, "run id") if run is not None else new_run_id()
+            self._given = run is not None
+
+    def restored(self, m: Manifest, newest: int | None) -> None:
+        """Training continues from ``m``; restoring the newest step continues its run."""
+        self.position, self._check = m.step, True
+        if not self._given and run_of(m) is not None and m.step == newest:
+            self.run = run_of(m)  # type: ignore[assignment]
+
+    def saved(self, step: int) -> None:
+        self.position, self._check = step, False
+
+    def follow(self, step: int, on_abandon: Callable[[int, int | None, list[int]], None]) -> int | None:
+        """Before a save of ``step``: if it exists and this run has not saved yet, abandon the
+        steps the new lineage leaves behind and start a new run (``on_abandon(step, parent,
+        moved)``). Returns the parent step to record."""
+        if not self._check:
+            return self.position
+        steps = list_steps(self.store, self.job)
+        if not any(s >= step for s in steps):
+            older = [s for s in steps if s < step]
+            return self.position if self.position is not None else (older[-1] if older else None)
+        parent = self.position if self.position is not None and self.position < step else None
+        cut = step if parent is None else parent + 1
+        if not self._given:
+            self.run = new_run_id()
+        moved = abandon(self.store, self.job, [s for s in steps if s >= cut])
+        on_abandon(step, parent, sorted(s for s, _ in moved))
+        return parent
+
+
+def load_abandoned(store: Store, key: str) -> Manifest:
+    """Read and validate an abandoned manifest (``layout.list_abandoned`` gives the keys)."""
+    data = store.get(key)
+    if memoryview(data).nbytes > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"checkpoint manifest {key} is larger than {MAX_MANIFEST_BYTES} bytes")
+    m = Manifest.from_bytes(data, key)
+    parts = key.split("/")
+    if key != abandoned_key(m.job, m.step, parts[-2]) or not key.startswith(abandoned_prefix(m.job)):
+        raise ManifestError(f"abandoned checkpoint manifest {key} says job={m.job!r} step={m.step}")
+    return m
+
+
+__all__ = ["PARENT_FIELD", "RUN_FIELD", "RunLineage", "abandon", "load_abandoned", "new_run_id",
+           "run_of"]
