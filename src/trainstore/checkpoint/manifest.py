@@ -52,7 +52,6 @@ from typing import Any
 from ..chunks import HASH_HEX_LEN, ChunkRef, content_hash
 from ..errors import ConfigError, ManifestError, NotFoundError
 from ..store.base import Store
-from ..store.checked import read_checked
 from .layout import (  # re-exported: callers reach the layout through this module too
     MANIFEST_NAME,
     STEP_DIGITS,
@@ -353,29 +352,16 @@ def manifest_chunk_keys(manifest: Manifest, prefix: str = "chunks") -> set[str]:
 
 
 # -- store access -------------------------------------------------------------------------
-def load_manifest(store: Store, job: str, step: int, *, scrub: bool = False) -> Manifest:
-    """Read and validate one manifest. ``NotFoundError`` / ``ManifestError``.
-
-    A copy that fails validation in one tier is read from the next and repaired where it was
-    bad (``store.checked.read_checked``): ``ManifestError`` only when no tier holds a good
-    copy. ``scrub``: check (and repair) the copy in every tier (deep verification)."""
+def load_manifest(store: Store, job: str, step: int) -> Manifest:
+    """Read and validate one manifest. ``NotFoundError`` / ``ManifestError``."""
     key = manifest_key(job, step)
-
-    def check(data: Any) -> Manifest:
-        if memoryview(data).nbytes > _MAX_MANIFEST_BYTES:
-            raise ManifestError(f"checkpoint manifest {key} is larger than {_MAX_MANIFEST_BYTES} bytes")
-        m = Manifest.from_bytes(data, key)
-        if m.job != job or m.step != step:
-            raise ManifestError(f"checkpoint manifest {key} says job={m.job!r} step={m.step}")
-        return m
-
-    return read_checked(store, key, check, scrub=scrub)
-
-
-def manifest_digest(manifest: Manifest) -> str:
-    """BLAKE3 of the manifest's canonical bytes: what a verification record is bound to, so a
-    record never applies to another manifest committed later under the same step."""
-    return content_hash(manifest.to_bytes())
+    data = store.get(key)
+    if memoryview(data).nbytes > _MAX_MANIFEST_BYTES:
+        raise ManifestError(f"checkpoint manifest {key} is larger than {_MAX_MANIFEST_BYTES} bytes")
+    m = Manifest.from_bytes(data, key)
+    if m.job != job or m.step != step:
+        raise ManifestError(f"checkpoint manifest {key} says job={m.job!r} step={m.step}")
+    return m
 
 
 def list_manifests(store: Store, job: str) -> Iterator[Manifest | ManifestError]:
@@ -397,7 +383,7 @@ def commit_manifest(store: Store, manifest: Manifest) -> None:
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "FORMAT_V1", "check_format", "KINDS", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "job_prefix", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
     "check_job", "check_step", "checkpoints_prefix", "step_prefix", "manifest_key", "verify_key",
-    "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest", "manifest_digest",
+    "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest",
     "list_manifests", "commit_manifest", "write_verify_record", "load_verify_record",
     "new_verify_record",
 ]
