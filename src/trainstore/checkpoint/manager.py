@@ -78,8 +78,12 @@ class CheckpointManager:
                  hooks: Sequence[Callable[[CheckpointInfo, CheckpointManager], None]] = (),
                  pin_memory: bool | None = None, read_workers: int = 4,
                  observers: Sequence[Callable[[str, dict], None]] = (),
-                 on_error: str | SaveErrorPolicy = "raise", run: str | None = None) -> None:
+                 on_error: str | SaveErrorPolicy = "raise", run: str | None = None,
+                 backend: str | None = None) -> None:
         self.job = mf.check_job(job)
+        # None: single or dcp per save (backend_name); "single": one-process saves even inside a
+        # torch.distributed job (rank 0 of DDP writing the replicated model alone)
+        self._backend_choice = backend
         # a failed background save: "raise" at the next call, or "warn"/"retry" and save again soon
         self.failures = SaveFailures(self.job, SaveErrorPolicy.of(on_error))
         self.policy = policy or CheckpointPolicy()
@@ -201,7 +205,7 @@ class CheckpointManager:
     @property
     def backend(self) -> SaveBackend:
         """The save backend of a save made now (``backend.backend_name``: single or dcp)."""
-        return self._backend(backend_name())
+        return self._backend(self._backend_choice or backend_name())
 
     def _backend(self, name: str) -> SaveBackend:
         with self._lock:
