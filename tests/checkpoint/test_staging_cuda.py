@@ -26,10 +26,14 @@ needs_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA devic
 no_cuda = pytest.mark.skipif(cuda_available(), reason="checks the behaviour without a CUDA device")
 
 
-def stage(state, stager=None):
+def stage(state, stager=None, busy_ms: float = 0):
+    """Stage ``state`` into a fresh arena, after ``busy_ms`` of work queued on the current stream
+    (queued after the arena is made: pinning it may synchronize the device)."""
     stager = stager or Stager()
     _, leaves = flatten(state)
     arena = stager.acquire(plan(leaves)[1])
+    if busy_ms:
+        busy(busy_ms)
     return stager.stage(leaves, arena), arena
 
 
@@ -113,8 +117,7 @@ def test_stage_returns_before_the_copy_ran() -> None:
     the writer reads them (StagedTensor.data waits for the copy-done event)."""
     state = gpu_state()
     want = host_bytes(state["model"]["w"])
-    busy(300)
-    staged, arena = stage(state)
+    staged, arena = stage(state, busy_ms=300)
     assert arena.copying is not None and not arena.copying.done()
     w = next(t for t in staged if t.name == "model/w")
     assert staged_bytes(w) == want and arena.copying.done()
@@ -127,8 +130,7 @@ def test_training_after_the_save_does_not_change_the_saved_bytes(cuda_wait) -> N
     copy: the staged bytes are the state as of the save."""
     state = gpu_state(256)
     want = host_bytes(state["model"]["w"])
-    busy(50)
-    staged, arena = stage(state, Stager(cuda_wait=cuda_wait))
+    staged, arena = stage(state, Stager(cuda_wait=cuda_wait), busy_ms=50)
     if cuda_wait == "host":
         assert arena.copying.done()
     state["model"]["w"].add_(1.0)  # the next optimizer step
@@ -143,8 +145,7 @@ def test_a_source_freed_after_the_save_is_not_reused_before_its_copy() -> None:
     allocator must not hand the sources' memory out before their copy ran (record_stream)."""
     state = gpu_state(128)
     want = host_bytes(state["model"]["w"])
-    busy(50)
-    staged, _ = stage(state)
+    staged, _ = stage(state, busy_ms=50)
     n = state["model"]["w"].numel()
     del state
     fresh = [torch.full((n,), 3.0, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
@@ -157,8 +158,7 @@ def test_a_source_freed_after_the_save_is_not_reused_before_its_copy() -> None:
 def test_arena_reuse_waits_for_the_copy_in_flight() -> None:
     """A save that reuses an arena whose copy is still in flight waits for it first."""
     stager = Stager()
-    busy(200)
-    staged, arena = stage(gpu_state(), stager)
+    staged, arena = stage(gpu_state(), stager, busy_ms=200)
     fence = arena.copying
     stager.release(arena)
     again = stager.acquire(plan(flatten(gpu_state())[1])[1])

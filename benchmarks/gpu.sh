@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU path of trainstore (issue 30 item 4) on a GPU machine, in under 5 minutes:
+# the GPU tests, then benchmarks/gpu_bench.py (CUDA staging vs DCP async_save vs torch.save,
+# restore to the GPU, a small GPT training while saves run, the loader to the GPU).
+#
+#   benchmarks/gpu.sh [OUT_DIR]        # default: $OUT, else bench-out/gpu
+#
+# Uses the machine's own python3 + torch with src/ on PYTHONPATH (no virtualenv). Missing
+# hard dependencies (blake3, zstandard, blosc2, obstore, ndindex) can come as wheels in .whl/
+# (pip download --only-binary for the machine's python; see docs/benchmarks.md "GPU"): they
+# are installed offline into a temporary folder first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-bench-out/gpu}}
+mkdir -p "$OUT_DIR"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ts-site .whl/*.whl \
+        || { echo "offline install of .whl/ failed"; exit 1; }
+    export PYTHONPATH=/tmp/ts-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv \
+    | tee "$OUT_DIR/gpu.txt"
+"$PY" -c "import torch, trainstore; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
+    | tee -a "$OUT_DIR/gpu.txt" || exit 1
+echo "== GPU tests"
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly tests/checkpoint/test_staging_cuda.py \
+    tests/data/test_loader_device.py 2>&1 | tee "$OUT_DIR/tests.txt"
+echo "== benchmark"
+timeout 290 "$PY" benchmarks/gpu_bench.py --out "$OUT_DIR/gpu_bench.json" --budget "${GPU_BENCH_BUDGET:-200}" "${@:2}" \
+    2>&1 | tee "$OUT_DIR/bench.txt"
