@@ -45,13 +45,15 @@ def ls(url: str, job: str | None = typer.Option(None, "--job", "-j", help="job n
                 console.print(j)
         return
     with _manager(url, job, flags) as mgr:
-        infos = mgr.list()
+        infos = mgr.list(abandoned=True)  # with the steps rollbacks and reruns left behind
     if json_out:
         emit_json([dataclasses.asdict(i) for i in infos])
         return
-    table = Table("step", "kind", "base", "created", "logical MB", "stored MB", "status", "metrics", title=f"{url} job {job}")
+    table = Table("step", "run", "kind", "base", "created", "logical MB", "stored MB", "status", "metrics",
+                  title=f"{url} job {job}")
     for i in infos:
-        table.add_row(str(i.step), i.kind, "-" if i.base_step is None else str(i.base_step), when(i.created),
+        table.add_row(str(i.step), (i.run or "-") + (" (abandoned)" if i.abandoned else ""), i.kind,
+                      "-" if i.base_step is None else str(i.base_step), when(i.created),
                       f"{i.logical_bytes / 1e6:,.1f}", f"{i.stored_bytes / 1e6:,.1f}", i.status,
                       ", ".join(f"{k}={v}" for k, v in list(i.metrics.items())[:4]))
     console.print(table)
