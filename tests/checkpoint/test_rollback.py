@@ -4,8 +4,11 @@ follows the current lineage, and listings say which run each step belongs to."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
 from trainstore.checkpoint.layout import list_abandoned, manifest_key
@@ -13,8 +16,10 @@ from trainstore.checkpoint.lineage import load_abandoned
 from trainstore.checkpoint.reader import load_state
 from trainstore.checkpoint.writer import WriteOptions
 from trainstore.chunks import ChunkStore
+from trainstore.cli.main import app
 from trainstore.errors import AlreadyExistsError
 from trainstore.lifecycle.gc import GcOptions, collect_garbage
+from trainstore.lifecycle.tiering import Tiering, TierPolicy
 from trainstore.store import open_store
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,8 +108,6 @@ def test_restoring_newest_continues_the_run(tmp_path):
 
 
 def test_rollback_on_tiered_store_moves_every_tier(tmp_path):
-    from trainstore.lifecycle.tiering import TierPolicy, Tiering
-
     tiers = Tiering(str(tmp_path / "hot"), str(tmp_path / "durable"), policy=TierPolicy(hot_keep_last=10))
     with tiers.manager("j", options=SMALL) as mgr:
         _save_steps(mgr, range(1, 5))
@@ -119,3 +122,18 @@ def test_rollback_on_tiered_store_moves_every_tier(tmp_path):
         assert float(durable.restore()["w"][0]) == 31.0
         assert [(i.step, i.abandoned, i.durable) for i in durable.list(abandoned=True)] == \
             [(1, False, True), (2, False, True), (3, False, True), (3, True, True), (4, True, True)]
+
+
+def test_ckpt_ls_shows_the_run_of_each_step(tmp_path):
+    with CheckpointManager(str(tmp_path), job="j", options=SMALL) as mgr:
+        _save_steps(mgr, [1, 2, 3])
+        old = mgr.run
+        mgr.restore(step=1)
+        _save_steps(mgr, [2], run=1)
+        new = mgr.run
+    r = CliRunner().invoke(app, ["ckpt", "ls", str(tmp_path), "--job", "j", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [(i["step"], i["run"], i["abandoned"]) for i in json.loads(r.stdout)] == \
+        [(1, old, False), (2, new, False), (2, old, True), (3, old, True)]
+    r = CliRunner().invoke(app, ["ckpt", "ls", str(tmp_path), "--job", "j"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and f"{old} (abandoned)" in r.stdout and new in r.stdout, r.output
