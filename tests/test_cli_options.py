@@ -55,7 +55,7 @@ def test_store_options_reach_the_s3_store(s3_url, monkeypatch, tmp_path):
     r = runner.invoke(app, ["ckpt", "ls", url, "--job", "j", "--json", *flags])
     assert r.exit_code == 0, r.output
     assert [i["step"] for i in json.loads(r.stdout)] == [3]
-    r = runner.invoke(app, ["data", "ls", url, "--json", *flags])
-    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["data", "ls", url, "--json", *flags])  # no datasets: says what the store holds
+    assert r.exit_code == 2 and "NotFoundError" in r.output and "jobs/" in r.output, r.output
     r = runner.invoke(app, ["store", "ls", url, "--json", "--endpoint", opts["endpoint"], "--no-allow-http"])
     assert r.exit_code == 2 and "http" in r.output.lower()  # the flag reached the store: plain http refused

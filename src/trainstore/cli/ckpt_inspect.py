@@ -19,15 +19,29 @@ from rich.table import Table
 
 from ..checkpoint import manifest as mf
 from ..errors import ConfigError, NotFoundError
-from .common import JsonOpt, StoreFlags, console, emit_json, handle_errors, when, with_store_flags
+from .common import (
+    JsonOpt,
+    StoreFlags,
+    console,
+    emit_json,
+    handle_errors,
+    require_job,
+    store_contents,
+    when,
+    with_store_flags,
+)
 
 commands = typer.Typer()
 
 
-def _manager(url: str, job: str, flags: StoreFlags):  # noqa: ANN202 - a CheckpointManager (torch: imported late)
+def _manager(url: str, job: str, flags: StoreFlags, *, read_only: bool = False):  # noqa: ANN202 - a CheckpointManager
+    """A manager of ``job`` on an existing store; ``NotFoundError`` naming the jobs there if
+    ``job`` has no checkpoints (so ``verify`` never passes while verifying nothing)."""
     from ..checkpoint.manager import CheckpointManager
 
-    return CheckpointManager(flags.open(url), job=job)
+    store = flags.open(url, read_only=read_only)
+    require_job(store, job)
+    return CheckpointManager(store, job=job)
 
 
 @commands.command("ls")
@@ -37,14 +51,17 @@ def ls(url: str, job: str | None = typer.Option(None, "--job", "-j", help="job n
        json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
     """List jobs of a store, or the checkpoints of one job."""
     if job is None:
-        jobs = mf.list_jobs(flags.open(url).with_read_only())
+        store = flags.open(url, read_only=True)
+        jobs = mf.list_jobs(store)
+        if not jobs:
+            raise NotFoundError(f"no checkpoint jobs in {store.url}: {store_contents(store)}")
         if json_out:
             emit_json(jobs)
         else:
             for j in jobs:
                 console.print(j)
         return
-    with _manager(url, job, flags) as mgr:
+    with _manager(url, job, flags, read_only=True) as mgr:
         infos = mgr.list(abandoned=True)  # with the steps rollbacks and reruns left behind
     if json_out:
         emit_json([dataclasses.asdict(i) for i in infos])
@@ -65,11 +82,9 @@ def ls(url: str, job: str | None = typer.Option(None, "--job", "-j", help="job n
 def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None = typer.Option(None, "--step", "-s",
          help="default: the newest"), json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
     """Show one checkpoint: metadata, sizes and its tensors."""
-    store = flags.open(url).with_read_only()
+    store = flags.open(url, read_only=True)
+    steps = require_job(store, job)
     if step is None:
-        steps = mf.list_steps(store, job)
-        if not steps:
-            raise NotFoundError(f"job {job!r} has no checkpoints in {store.url}")
         step = steps[-1]
     m = mf.load_manifest(store, job, step)
     rec = mf.load_verify_record(store, job, step)
@@ -113,6 +128,8 @@ def verify(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | No
         return
     with _manager(url, job, flags) as mgr:
         records = mgr.verify(step=step, deep=not shallow)
+    if not records:  # a cron verify never passes while verifying nothing
+        raise NotFoundError(f"nothing to verify in {url} job {job!r}" + ("" if step is None else f" step {step}"))
     if json_out:
         emit_json([r.to_json() for r in records])
     else:

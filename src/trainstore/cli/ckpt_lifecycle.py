@@ -16,8 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..checkpoint import manifest as mf
-from ..errors import ConfigError, NotFoundError
-from ..store import open_store
+from ..errors import ConfigError
 from .common import (
     JobOpt,
     JsonOpt,
@@ -25,7 +24,9 @@ from .common import (
     console,
     emit_json,
     handle_errors,
+    not_found,
     progress_bar,
+    require_job,
     secs,
     when,
     with_store_flags,
@@ -52,7 +53,7 @@ def restore(url: str, job: str = JobOpt, to: str = typer.Option(..., "--to", hel
 
     if not to.endswith(".safetensors"):
         raise ConfigError(f"--to must name a .safetensors file, got {to!r}")
-    store = flags.open(url, create=False)
+    store = flags.open(url)
     metrics = CheckpointMetrics(store=store)  # the restore counts in `ckpt stats`
     with CheckpointManager(store, job, observers=[metrics.observe]) as mgr:
         with console.status(f"restoring {job} ...") if not json_out else progress_bar(False):
@@ -102,9 +103,8 @@ def retain(url: str, job: str = JobOpt,
     if keep_registered:
         rules.append(rt.Registered())
     policy = rt.AnyOf(*rules)
-    store = flags.open(url, create=False)
-    if not mf.list_steps(store, job):
-        raise NotFoundError(f"job {job!r} has no checkpoints in {store.url}")
+    store = flags.open(url)
+    require_job(store, job)
     plan = rt.apply_retention(store, job, policy, dry_run=dry_run, allow_delete_all=allow_delete_all)
     if json_out:
         emit_json(plan.to_json())
@@ -132,7 +132,7 @@ def gc(url: str, grace: str = typer.Option("1h", "--grace", help="only delete ch
     """Delete chunks no checkpoint references (safe while training saves: see docs/lifecycle.md)."""
     from ..lifecycle.gc import GcOptions, collect_garbage
 
-    store = flags.open(url, create=False)
+    store = flags.open(url)
     with progress_bar(not json_out) as progress:
         task = progress.add_task("gc", total=None) if progress else None
 
@@ -172,8 +172,9 @@ def tier(hot: str, job: str = JobOpt, durable: str = typer.Option(..., "--durabl
     """Status per checkpoint (hot / durable / archived, created -> ready -> durable), and actions."""
     from ..lifecycle.tiering import Tiering, TierPolicy
 
-    opts = flags.options()
-    tiers = Tiering(hot, open_store(durable, **opts), archive=open_store(archive, **opts) if archive else None,
+    # the hot and archive tiers must exist; the durable one is created only to --sync into it
+    tiers = Tiering(flags.open(hot), flags.open(durable, create=sync and not dry_run),
+                    archive=flags.open(archive) if archive else None,
                     policy=TierPolicy(hot_keep_last=keep_hot, archive_after=archive_after))
     actions: dict[str, list[int]] = {}
     if sync:
@@ -211,10 +212,10 @@ def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, flags: StoreFla
     """Checkpoint frequency, storage used, restore count and recovery success rate of a job."""
     from ..lifecycle.metrics import load_stats
 
-    store = flags.open(url, create=False)
+    store = flags.open(url)
     manifests = [m for m in mf.list_manifests(store, job) if isinstance(m, mf.Manifest)]
     if not manifests and not list(store.list(mf.job_prefix(job))):
-        raise NotFoundError(f"job {job!r} has no checkpoints in {store.url}")
+        raise not_found("job", job, mf.list_jobs(store), store)
     created = sorted(m.created for m in manifests if m.created)
     gaps = [b - a for a, b in zip(created, created[1:])]
     sizes = {meta.key: meta.size for meta in store.list("chunks/")}

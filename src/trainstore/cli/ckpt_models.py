@@ -21,7 +21,9 @@ from .common import (
     console,
     emit_json,
     handle_errors,
+    not_found,
     progress_bar,
+    store_contents,
     when,
     with_store_flags,
 )
@@ -48,7 +50,7 @@ def register_cmd(url: str, job: str = JobOpt, step: int = typer.Option(..., "--s
     """Register a checkpoint as the next version of a model (kept forever by retention)."""
     from ..lifecycle.registry import Registry
 
-    reg = Registry(flags.open(url, create=False))
+    reg = Registry(flags.open(url))
     mv = reg.register(job, step, model, dataset=dataset, note=note, aliases=tuple(alias))
     if json_out:
         emit_json(mv.to_json())
@@ -64,9 +66,12 @@ def models(url: str, model: str | None = typer.Option(None, "--model", "-m", hel
     """List registered models, or the versions (with aliases and lineage) of one."""
     from ..lifecycle.registry import Registry
 
-    reg = Registry(flags.open(url, create=False))
+    reg = Registry(flags.open(url, read_only=True))
     if model is None:
         names = reg.models()
+        if not names:
+            raise NotFoundError(f"no registered models in {reg.store.url}: {store_contents(reg.store)} "
+                                "(`trainstore ckpt register URL -j JOB -s STEP -m NAME` registers one)")
         if json_out:
             emit_json({n: reg.aliases(n) for n in names})
             return
@@ -77,7 +82,7 @@ def models(url: str, model: str | None = typer.Option(None, "--model", "-m", hel
         return
     versions = reg.versions(model)
     if not versions:
-        raise NotFoundError(f"no model {model!r} in the registry of {reg.store.url} (models: {reg.models()[:10]})")
+        raise not_found("model", model, reg.models(), reg.store)
     aliases = reg.aliases(model)
     if json_out:
         emit_json({"model": model, "aliases": aliases, "versions": [v.to_json() for v in versions]})
@@ -106,7 +111,7 @@ def alias_cmd(url: str, model: str = typer.Option(..., "--model", "-m"),
     """Show, set, promote, roll back or remove a model alias (latest, stable, fallback, ...)."""
     from ..lifecycle.registry import Registry
 
-    reg = Registry(flags.open(url, create=False))
+    reg = Registry(flags.open(url))
     if sum(x for x in (set_to is not None, promote is not None, rollback, remove)) > 1:
         raise ConfigError("use one of --set, --promote, --rollback, --remove")
     if name is None:
@@ -114,7 +119,7 @@ def alias_cmd(url: str, model: str = typer.Option(..., "--model", "-m"),
             raise ConfigError("name the alias to change, e.g. `trainstore ckpt alias URL -m llm stable --set 3`")
         aliases = reg.aliases(model)
         if not aliases and not reg.versions(model):
-            raise NotFoundError(f"no model {model!r} in the registry of {reg.store.url} (models: {reg.models()[:10]})")
+            raise not_found("model", model, reg.models(), reg.store)
         if json_out:
             emit_json(aliases)
             return
@@ -166,7 +171,7 @@ def export(url: str, ref: str | None = typer.Argument(None, help="model version:
     from ..lifecycle.export import export_safetensors, export_version
     from ..lifecycle.registry import Registry
 
-    store = flags.open(url, create=False)
+    store = flags.open(url)
     with console.status("exporting ...") if not json_out else progress_bar(False):
         if ref is not None:
             if job is not None or step is not None:

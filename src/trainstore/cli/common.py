@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..errors import TrainstoreError
+from ..checkpoint import layout
+from ..errors import NotFoundError, TrainstoreError
 from ..store import Store, open_store
 
 console = Console()
@@ -63,8 +64,45 @@ class StoreFlags:
         given = {"endpoint": self.endpoint, "region": self.region, "allow_http": self.allow_http}
         return {k: v for k, v in given.items() if v is not None and v != ""}
 
-    def open(self, url: str, **kwargs: Any) -> Store:
-        return open_store(url, **self.options(), **kwargs)
+    def open(self, url: str, *, create: bool = False, read_only: bool = False, **kwargs: Any) -> Store:
+        """Open ``url`` with these flags. A command never creates a store unless it passes
+        ``create=True`` (only commands that write new content, like ``data ingest``): a
+        mistyped path is ``NotFoundError``, not a new empty directory. ``read_only`` gives a
+        view that refuses every write (``ls``, ``show``, ``stats``, ``models``)."""
+        store = open_store(url, **self.options(), create=create, **kwargs)
+        return store.with_read_only() if read_only else store
+
+
+def store_contents(store: Store, limit: int = 8) -> str:
+    """What a store holds, as its top-level prefixes (for a NotFoundError that says what exists)."""
+    tops: set[str] = set()
+    for i, meta in enumerate(store.list("")):
+        head, sep, _ = meta.key.partition("/")
+        tops.add(head + sep)
+        if len(tops) > limit or i > 100_000:
+            break
+    if not tops:
+        return f"{store.url} is empty"
+    shown = sorted(tops)[:limit]
+    return f"{store.url} holds {', '.join(shown)}{', ...' if len(tops) > limit else ''}"
+
+
+def not_found(what: str, name: str, existing: list[str], store: Store, hint: str = "") -> NotFoundError:
+    """``NotFoundError`` for an unknown job / model / dataset ``name``, naming those that exist."""
+    if existing:
+        known = ", ".join(existing[:20]) + (f" (+{len(existing) - 20} more)" if len(existing) > 20 else "")
+        where = f"{what}s in {store.url}: {known}"
+    else:
+        where = f"no {what}s: {store_contents(store)}"
+    return NotFoundError(f"no {what} {name!r} in {store.url}; {where}{hint}")
+
+
+def require_job(store: Store, job: str) -> list[int]:
+    """The committed steps of ``job``; ``NotFoundError`` naming the jobs that exist if none."""
+    steps = layout.list_steps(store, job)
+    if not steps:
+        raise not_found("job", job, layout.list_jobs(store), store)
+    return steps
 
 
 # The one definition of the store options: ``with_store_flags`` adds them to a command.

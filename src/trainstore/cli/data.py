@@ -10,8 +10,16 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import ConfigError, IntegrityError
-from .common import JsonOpt, StoreFlags, console, emit_json, handle_errors, with_store_flags
+from ..errors import ConfigError, IntegrityError, NotFoundError
+from .common import (
+    JsonOpt,
+    StoreFlags,
+    console,
+    emit_json,
+    handle_errors,
+    store_contents,
+    with_store_flags,
+)
 
 data_app = typer.Typer(help="Datasets: ingest, clean, transform, inspect and verify versions.",
                        no_args_is_help=True)
@@ -55,7 +63,7 @@ def ingest(
     from ..data.ingest import IngestConfig, Ingestor, expand_paths
 
     files = expand_paths(paths)
-    store = flags.open(url)
+    store = flags.open(url, create=True)
     with Ingestor(store, dataset, config=IngestConfig(durability=durability, wal_dir=wal_dir)) as ing, \
             _progress(json_out) as bar:
         task = bar.add_task(f"ingest {dataset}", total=len(files))
@@ -175,9 +183,12 @@ def ls(url: str, json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> 
     """Datasets and their versions."""
     from ..data.versions import list_datasets, list_versions, load_version
 
-    store = flags.open(url)
+    store = flags.open(url, read_only=True)
+    names = list_datasets(store)
+    if not names:
+        raise NotFoundError(f"no datasets in {store.url}: {store_contents(store)}")
     rows = []
-    for name in list_datasets(store):
+    for name in names:
         for ver in list_versions(store, name):
             v = load_version(store, name, ver)
             rows.append({"id": v.id, "layout": v.layout, "rows": v.rows, "bytes": v.bytes,
@@ -200,7 +211,7 @@ def show(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = Store
     """One version's manifest: schema, shards, lineage fields."""
     from ..data.versions import load_version, parse_ref
 
-    store = flags.open(url)
+    store = flags.open(url, read_only=True)
     v = load_version(store, *parse_ref(ref))
     if json_out:
         emit_json(_version_json(v))
@@ -225,7 +236,7 @@ def lineage(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = St
     """The version and all its ancestors."""
     from ..data.versions import iter_lineage
 
-    store = flags.open(url)
+    store = flags.open(url, read_only=True)
     chain = [{"id": v.id, "operation": v.operation, "parents": list(v.parents), "config_hash": v.config_hash,
               "config": v.config, "code_version": v.code_version,
               "trainstore_version": v.trainstore_version, "rows": v.rows} for v in iter_lineage(store, ref)]
@@ -246,7 +257,7 @@ def verify(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = Sto
     """Re-check every shard's size and BLAKE3 checksum; exit 2 if any is bad."""
     from ..data.versions import load_version, parse_ref, read_shard
 
-    store = flags.open(url)
+    store = flags.open(url, read_only=True)
     v = load_version(store, *parse_ref(ref))
     bad = []
     with _progress(json_out) as bar:

@@ -23,7 +23,7 @@ def ls(
     flags: StoreFlags = StoreFlags(),
 ) -> None:
     """List the objects of a store."""
-    store = flags.open(url, create=False)
+    store = flags.open(url)
     metas = sorted(store.list(prefix), key=lambda m: m.key)
     if json_out:
         emit_json([{"key": m.key, "size": m.size, "mtime": m.mtime} for m in metas])
@@ -44,7 +44,7 @@ def du(
     flags: StoreFlags = StoreFlags(),
 ) -> None:
     """Bytes and object counts per top-level prefix."""
-    store = flags.open(url, create=False)
+    store = flags.open(url)
     sizes: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for m in store.list(""):
         group = "/".join(m.key.split("/")[:depth])
