@@ -8,4 +8,6 @@ from .meter import (
     MeterConfig as MeterConfig,
     RefetchWarning as RefetchWarning,
 )
+from .mixture import Mixture as Mixture
+from .schedule import CallableSchedule as CallableSchedule, PiecewiseLinear as PiecewiseLinear
 from .write import table_from_numpy as table_from_numpy, write_arrow_dataset as write_arrow_dataset

@@ -37,12 +37,13 @@ from .open_shard import OpenShard, column_spec
 from .options import CACHE_FREE_FRACTION, DatasetConfig, default_cache_limit, resolve_cache_dir
 from .parquet import CachedParquetShard, ParquetRows
 from .rowgroups import DecodedGroups
+from .source import SamplerPlanned
 
 #: an open shard: a mapped Arrow file, or a Parquet file decoded by row group
 ServedShard = OpenShard | CachedParquetShard
 
 
-class Dataset:
+class Dataset(SamplerPlanned):
     """``Dataset(store_or_url, "name@version", cache_dir=..., cache_limit=...)``: map-style rows."""
 
     def __init__(
@@ -309,6 +310,15 @@ class Dataset:
         """This process's decoded Parquet row groups (``None`` for other layouts)."""
         self._check_pid()
         return self._ranges.groups if self._ranges is not None else None
+
+    @property
+    def source_id(self) -> str:
+        """What a loader state names (``serve.source``): the version id."""
+        return self.version.id
+
+    @property
+    def source_bytes(self) -> int:
+        return self.version.bytes
 
     @property
     def cache(self) -> NodeCache:

@@ -36,7 +36,8 @@ from .decodeahead import DecodeAhead
 from .exchange import ExchangeStep, RowExchange
 from .fill import FillPlan, ShardFiller
 from .meter import IOWaitMeter, MeterConfig
-from .sampler import PlanSpec, epoch_streams
+from .sampler import PlanSpec
+from .source import EpochPlan, ServeSource
 
 STATE_FORMAT = "trainstore.loader/1"
 
@@ -96,7 +97,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: ServeSource,
         batch_size: int,
         shuffle: bool = True,
         seed: int = 0,
@@ -119,9 +120,12 @@ class Loader:
         decode_ahead: int = 2,
         device: str | None = None,
     ) -> None:
-        if not isinstance(dataset, Dataset):
-            raise ConfigError(f"Loader needs a trainstore.data.Dataset, got {type(dataset).__name__}")
-        if cache_dir is not None or cache_limit is not None:
+        if not isinstance(dataset, ServeSource):
+            raise ConfigError(f"Loader needs a trainstore.data.Dataset or Mixture, got {type(dataset).__name__}")
+        if not isinstance(dataset, Dataset) and (cache_dir is not None or cache_limit is not None or exchange):
+            raise ConfigError(f"cache_dir, cache_limit and exchange apply to one Dataset; {dataset.source_id}: "
+                              "set the cache on each source dataset (exchange mode serves one dataset)")
+        if isinstance(dataset, Dataset) and (cache_dir is not None or cache_limit is not None):
             c = dataset.config
             dataset = Dataset(
                 dataset.store, dataset.version,
@@ -149,7 +153,8 @@ class Loader:
         self.metrics_registry = self.meter.registry
         self._active: _EpochRun | None = None
         self._ahead: tuple[tuple, _EpochRun] | None = None
-        stream_bytes = dataset.version.bytes
+        self._cursor = dataset.start_cursor()  # the source's position (a mixture's stream), or None
+        stream_bytes = dataset.source_bytes
         self._evict_done = dataset.cache_limit < stream_bytes
         # bytes pinned ahead of use by every epoch run (serve.fill): most of the cache, so the
         # next block window fills while the current one is read
@@ -158,8 +163,12 @@ class Loader:
         self._fetched_carry = 0  # of those, fetched for the next epoch's run
 
     # -- plan ---------------------------------------------------------------------------------
+    def _plan(self) -> EpochPlan:
+        """The current segment of the current epoch, planned by the source from its cursor."""
+        return self.dataset.plan_epoch(self.spec, self.epoch, self._cursor, self._segments, self.world_size)
+
     def _stream(self) -> np.ndarray:
-        return epoch_streams(self.spec, self.epoch, self._segments, self.world_size)[self.rank]
+        return self._plan().streams[self.rank]
 
     def __len__(self) -> int:
         n = len(self._stream())
@@ -168,22 +177,25 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (like ``DistributedSampler.set_epoch``)."""
         self._stop()
+        if int(epoch) != self.epoch:
+            self._cursor = self.dataset.start_cursor(int(epoch), self._cursor)
         self.epoch, self._position, self._segments = int(epoch), 0, []
 
     # -- iteration -----------------------------------------------------------------------------
-    def _batches(self, epoch: int, segments: list[tuple[int, int]]) -> list[np.ndarray] | list[ExchangeStep]:
+    def _batches(self, plan: EpochPlan) -> list[np.ndarray] | list[ExchangeStep]:
         """This rank's batches (row indices), or in exchange mode its exchange steps."""
         B = self.config.batch_size
-        streams = epoch_streams(self.spec, epoch, segments, self.world_size)
+        streams = plan.streams
         if self._exchange is not None:
             return self._exchange.plan(streams, B)
         stream = streams[self.rank]
         return [stream[i:i + B] for i in range(0, len(stream), B)]
 
-    def _next_epoch_run(self) -> _EpochRun:
+    def _next_epoch_run(self, cursor: dict | None) -> _EpochRun:
         """Start assembling the next epoch's first batches (its plan is already fixed), so the
         epoch boundary does not drain the pipeline."""
-        return _EpochRun(self, self._batches(self.epoch + 1, []), 0)
+        plan = self.dataset.plan_epoch(self.spec, self.epoch + 1, cursor, [], self.world_size)
+        return _EpochRun(self, self._batches(plan), 0, plan.next_cursor)
 
     def __iter__(self) -> Iterator[Any]:
         ahead, self._ahead = self._ahead, None
@@ -193,7 +205,9 @@ class Loader:
         else:
             if ahead is not None:
                 ahead[1].close()
-            run = _EpochRun(self, self._batches(self.epoch, self._segments), self._position)
+            plan = self._plan()
+            self._cursor = plan.cursor if plan.cursor is not None else self._cursor
+            run = _EpochRun(self, self._batches(plan), self._position, plan.next_cursor)
         self._active = run
         try:
             while True:
@@ -208,11 +222,12 @@ class Loader:
                 self.meter.end(t0, nbytes)
                 if (self._ahead is None and run.all_submitted() and self.config.prefetch
                         and self.config.cross_epoch):
-                    self._ahead = ((self.epoch + 1, 0, ()), self._next_epoch_run())
+                    self._ahead = ((self.epoch + 1, 0, ()), self._next_epoch_run(run.next_cursor))
                 yield batch
             self.meter.pause()
             self._account_epoch(run)
             self.epoch += 1
+            self._cursor = run.next_cursor
             self._position, self._segments = 0, []
         finally:
             run.close()
@@ -245,22 +260,25 @@ class Loader:
         """JSON-able position: resume yields exactly the batches after the last one returned."""
         return {
             "format": STATE_FORMAT,
-            "dataset": self.dataset.version.id,
+            "dataset": self.dataset.source_id,
             "num_samples": len(self.dataset),
             "epoch": self.epoch,
             "position": self._position,
             "world_size": self.world_size,
             "segments": [list(s) for s in self._segments],
+            "cursor": self._cursor,
             "spec": {k: v for k, v in asdict(self.spec).items() if k not in ("shard_rows", "num_samples")},
         }
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError(f"not a trainstore loader state: {str(state)[:80]!r}")
-        if state.get("num_samples") != len(self.dataset) or state.get("dataset") != self.dataset.version.id:
+        if state.get("num_samples") != len(self.dataset) or state.get("dataset") != self.dataset.source_id:
+            if state.get("cursor") is not None and self.dataset.start_cursor() is not None:
+                self.dataset.resume_cursor(state["cursor"], self.spec, [])  # names what differs
             raise ConfigError(
                 f"loader state is for {state.get('dataset')} ({state.get('num_samples')} rows), "
-                f"this loader reads {self.dataset.version.id} ({len(self.dataset)} rows)"
+                f"this loader reads {self.dataset.source_id} ({len(self.dataset)} rows)"
             )
         spec = dict(state["spec"])
         ours = {k: v for k, v in asdict(self.spec).items() if k not in ("shard_rows", "num_samples")}
@@ -271,6 +289,9 @@ class Loader:
         self.epoch = int(state["epoch"])
         segments = [(int(w), int(d)) for w, d in state.get("segments", [])]
         position = int(state["position"])
+        # the source checks its cursor (a mixture: same sources; new weights start a new era here)
+        self._cursor = self.dataset.resume_cursor(state.get("cursor"), self.spec,
+                                                  [*segments, (int(state["world_size"]), position)])
         if int(state["world_size"]) != self.world_size:
             if position or segments:
                 segments.append((int(state["world_size"]), position))
@@ -306,8 +327,10 @@ class Loader:
 class _EpochRun:
     """Background assembly of one epoch's batches for one rank."""
 
-    def __init__(self, loader: Loader, batches: list[np.ndarray] | list[ExchangeStep], start: int) -> None:
+    def __init__(self, loader: Loader, batches: list[np.ndarray] | list[ExchangeStep], start: int,
+                 next_cursor: dict | None = None) -> None:
         self.loader = loader
+        self.next_cursor = next_cursor  # the source's cursor at the start of the next epoch
         self.ds = loader.dataset
         self.exchange = loader._exchange
         self.batches = batches

@@ -1,0 +1,360 @@
+"""``Mixture``: several datasets served as one weighted source, deterministic and elastically resumable.
+
+    mix = Mixture({"web": web_ds, "code": code_ds}, weights={"web": 0.7, "code": 0.3}, seed=0)
+    loader = Loader(mix, batch_size=32)            # or PackedLoader(Loader(mix, ...), ...)
+
+The mixture is an endless *stream* of positions; position ``p`` draws from one source by the
+deterministic interleave of ``interleave`` (proportions hold in every window up to rounding,
+exactly over a long one), and the ``j``-th draw of source ``s`` is row ``j % len(s)`` of that
+source's own order for its epoch ``j // len(s)`` (sampling without replacement; a small source
+is repeated, a large one is not exhausted; ``progress`` counts both). That order is the
+sampler's for one rank (``full``, ``block`` or ``none``, from the loader's ``shuffle_mode``).
+
+A loader epoch is ``len(mix)`` positions (``num_samples``, default the sources' total rows),
+laid out step-major: at step ``t`` rank ``r`` reads positions ``t*W*B + r*B ...`` of the epoch,
+so the ranks of one step read consecutive positions (a schedule sees the step it is at).
+What the ranks consumed is always a prefix of the stream, so a resume on any world size
+continues at that position: every rank gets an equal share of what remains, nothing doubled or
+skipped in any source. An epoch's tail that does not divide evenly takes the positions it needs
+from the stream after it (the next epoch starts later) instead of repeating rows.
+
+The cursor (in the loader state) holds the stream position at the epoch start and the *eras*:
+a resume with other weights starts a new era at the resume position, continuing each source's
+draws (what was drawn stays drawn).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import ConfigError, SchemaError
+from ...nodecache import PinnedFile
+from ...nodecache.config import CacheStats
+from .dataset import Dataset
+from .interleave import EraStream
+from .open_shard import column_spec
+from .sampler import PlanSpec, per_rank_count, rank_streams
+from .schedule import (
+    CallableSchedule,
+    PiecewiseLinear,
+    Schedule,
+    WeightCurve,
+    as_schedule,
+    describe,
+)
+from .source import EpochPlan
+
+CURSOR_FORMAT = "trainstore.mixture/1"
+
+
+class _CacheView:
+    """The node-cache counters of every source, summed (what ``Loader.stats`` reads)."""
+
+    def __init__(self, sources: Sequence[Dataset]) -> None:
+        self._sources = sources
+
+    @property
+    def stats(self) -> CacheStats:
+        total = CacheStats()
+        for ds in self._sources:
+            for k, v in vars(ds.cache.stats).items():
+                setattr(total, k, getattr(total, k) + v)
+        return total
+
+
+class Mixture:
+    """Weighted mixture of servable datasets (see the module doc)."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, Dataset],
+        weights: Mapping[str, float] | Schedule,
+        seed: int = 0,
+        *,
+        num_samples: int | None = None,
+        columns: Sequence[str] | None = None,
+        source_column: str | None = None,
+    ) -> None:
+        if not sources:
+            raise ConfigError("a Mixture needs at least one source")
+        bad = [n for n, ds in sources.items() if not isinstance(ds, Dataset)]
+        if bad:
+            raise ConfigError(f"mixture sources must be trainstore.data.Dataset; not: {bad}")
+        self.names = tuple(str(n) for n in sources)
+        self.sources = tuple(sources.values())
+        self.schedule = as_schedule(weights)
+        self._schedule_desc = describe(self.schedule, self.names)  # checks every breakpoint
+        self.seed = int(seed)
+        empty = [n for n, ds in zip(self.names, self.sources) if len(ds) == 0]
+        if empty:
+            raise ConfigError(f"mixture sources without rows: {empty}")
+        self.sizes = np.array([len(ds) for ds in self.sources], dtype=np.int64)
+        self.num_samples = int(num_samples) if num_samples is not None else int(self.sizes.sum())
+        if self.num_samples <= 0:
+            raise ConfigError(f"num_samples must be positive, got {num_samples}")
+        self._columns = self._pick_columns(columns)
+        self.source_column = source_column
+        if source_column is not None and source_column in self._columns:
+            raise ConfigError(f"source_column {source_column!r} is also a data column; pick another name")
+        self.column_names = self._columns + ((source_column,) if source_column else ())
+        # the row space: every source's rows one after the other; shards likewise
+        self.row_offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.shards = tuple(s for ds in self.sources for s in ds.shards)
+        self._shard_source = np.concatenate([np.full(len(ds.shards), i) for i, ds in enumerate(self.sources)])
+        self._shard_base = np.concatenate([[0], np.cumsum([len(ds.shards) for ds in self.sources])]).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
+        self.max_shard_bytes = max(ds.max_shard_bytes for ds in self.sources)
+        self.cache_limit = min(ds.cache_limit for ds in self.sources)
+        self.cache_limit_reason = "the smallest of the sources' cache limits"
+        self._orders: dict[tuple, np.ndarray] = {}
+        self._eras: dict[str, EraStream] = {}
+
+    def _pick_columns(self, columns: Sequence[str] | None) -> tuple[str, ...]:
+        """The declared projection, or the columns every source has (same dtype and shape)."""
+        first = self.sources[0]
+        names = list(columns) if columns is not None else [
+            c for c in first.column_names if all(c in ds.column_names for ds in self.sources)]
+        if not names:
+            have = {n: list(ds.column_names) for n, ds in zip(self.names, self.sources)}
+            raise ConfigError(f"mixture sources have no common columns ({have}); pass columns=[...] "
+                              "naming columns every source has")
+        for c in names:
+            specs = {}
+            for n, ds in zip(self.names, self.sources):
+                if c not in ds.column_names:
+                    raise SchemaError(f"mixture column {c!r} is not in source {n!r} ({ds.source_id}: "
+                                      f"{list(ds.column_names)})")
+                specs[n] = column_spec(ds.version, c)
+            if len({(str(d), s) for d, s in specs.values()}) > 1:
+                raise SchemaError(f"mixture column {c!r} differs between sources (dtype, shape): {specs}")
+        return tuple(names)
+
+    # -- rows ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __repr__(self) -> str:
+        return f"Mixture({self.source_id}, samples/epoch={self.num_samples})"
+
+    def take(self, indices: Any) -> dict[str, np.ndarray]:
+        """Rows of the row space (source ``s`` at ``row_offsets[s]...``) as batched arrays."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        total = int(self.row_offsets[-1])
+        if idx.size and (idx.min() < 0 or idx.max() >= total):
+            raise IndexError(f"rows out of range for {self.source_id} ({total} rows)")
+        src = np.searchsorted(self.row_offsets, idx, side="right") - 1
+        parts = {}
+        for s in np.unique(src).tolist():
+            at = np.flatnonzero(src == s)
+            parts[s] = (at, self.sources[s].take(idx[at] - self.row_offsets[s]))
+        out: dict[str, np.ndarray] = {}
+        for c in self._columns:
+            dtype, shape = column_spec(self.sources[0].version, c)
+            arr = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
+            for at, got in parts.values():
+                arr[at] = got[c]
+            out[c] = arr
+        if self.source_column:
+            out[self.source_column] = src.astype(np.int32)
+        return out
+
+    # -- shard plan (the node cache of each source) --------------------------------------------
+    def _local(self, shard: int) -> tuple[Dataset, int]:
+        s = int(self._shard_source[shard])
+        return self.sources[s], shard - int(self._shard_base[s])
+
+    def pin_shard(self, shard: int, *, ahead: bool = False) -> PinnedFile:
+        ds, local = self._local(shard)
+        return ds.pin_shard(local, ahead=ahead)
+
+    def close_shard(self, shard: int, evict: bool = False) -> None:
+        ds, local = self._local(shard)
+        ds.close_shard(local, evict=evict)
+
+    def add_pressure_hook(self, hook: Callable[[], None]) -> None:
+        for ds in self.sources:
+            ds.add_pressure_hook(hook)
+
+    def remove_pressure_hook(self, hook: Callable[[], None]) -> None:
+        for ds in self.sources:
+            ds.remove_pressure_hook(hook)
+
+    @property
+    def cache(self) -> _CacheView:
+        return _CacheView(self.sources)
+
+    @property
+    def decoded_groups(self) -> None:
+        return None  # Parquet decode-ahead runs per dataset; a mixture's Parquet groups decode on use
+
+    @property
+    def source_id(self) -> str:
+        return "mixture(" + ", ".join(f"{n}={ds.source_id}" for n, ds in zip(self.names, self.sources)) + ")"
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(ds.source_bytes for ds in self.sources)
+
+    def close(self) -> None:
+        for ds in self.sources:
+            ds.close()
+
+    # -- the stream -----------------------------------------------------------------------------
+    def _identity(self) -> dict:
+        return {"sources": [[n, ds.source_id, len(ds)] for n, ds in zip(self.names, self.sources)],
+                "seed": self.seed, "num_samples": self.num_samples}
+
+    def start_cursor(self, epoch: int = 0, previous: dict | None = None) -> dict:
+        eras = previous["eras"] if previous else [
+            {"start": 0, "counts": [0] * len(self.names), "schedule": self._schedule_desc, "recorded": {}}]
+        return {"format": CURSOR_FORMAT, **self._identity(), "origin": int(epoch) * self.num_samples, "eras": eras}
+
+    def _era(self, cursor: dict, i: int) -> EraStream:
+        era = cursor["eras"][i]
+        key = json.dumps([i, era["start"], era["counts"], era["schedule"]], sort_keys=True)
+        got = self._eras.get(key)
+        if got is None:
+            sched = self._schedule_of(era)
+            got = EraStream(WeightCurve(sched, self.names, era["start"]), np.asarray(era["counts"]))
+            self._eras[key] = got
+        return got
+
+    def _schedule_of(self, era: dict) -> Schedule:
+        """The live schedule for its own era; an earlier era's is rebuilt from the state."""
+        desc, recorded = era["schedule"], {int(m): w for m, w in era.get("recorded", {}).items()}
+        if desc == self._schedule_desc:
+            if isinstance(self.schedule, CallableSchedule):
+                for m, w in recorded.items():
+                    self.schedule.recorded.setdefault(m, w)
+            return self.schedule
+        if desc["kind"] == "piecewise":
+            return PiecewiseLinear({x: dict(zip(self.names, w)) for x, w in desc["points"]},
+                                   desc["unit"], desc["global_batch"])
+
+        def replay(x: int) -> dict[str, float]:
+            raise ConfigError(f"weights of an earlier era ({desc['fn']}) at {x} were not recorded in the state")
+        return CallableSchedule(replay, desc["every"], desc["unit"], desc["global_batch"], recorded=recorded)
+
+    def _order(self, s: int, epoch: int, spec: PlanSpec) -> np.ndarray:
+        """Source ``s``'s row order for its ``epoch`` (the sampler's, for one rank)."""
+        key = (s, epoch, spec.seed, spec.shuffle_mode, spec.block_shards)
+        got = self._orders.get(key)
+        if got is None:
+            seed = int(np.random.SeedSequence([spec.seed, self.seed, s]).generate_state(1)[0])
+            ds = self.sources[s]
+            one = PlanSpec(len(ds), tuple(x.rows for x in ds.shards), 1, seed, spec.shuffle_mode, spec.block_shards)
+            got = rank_streams(one, epoch, 1)[0]
+            if len(self._orders) >= 4 * len(self.sources):
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[key] = got
+        return got
+
+    def draws(self, cursor: dict, p0: int, p1: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, draw index of that source) of stream positions ``[p0, p1)``."""
+        srcs, draws = [], []
+        eras = cursor["eras"]
+        for i, era in enumerate(eras):
+            a = max(p0, era["start"])
+            b = min(p1, eras[i + 1]["start"]) if i + 1 < len(eras) else p1
+            if a < b:
+                s, d = self._era(cursor, i).window(a - era["start"], b - era["start"])
+                srcs.append(s)
+                draws.append(d)
+        if not srcs:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        return np.concatenate(srcs), np.concatenate(draws)
+
+    def _rows(self, cursor: dict, spec: PlanSpec, p0: int, p1: int) -> np.ndarray:
+        src, draw = self.draws(cursor, p0, p1)
+        rows = np.empty(len(src), dtype=np.int64)
+        for s in np.unique(src).tolist():
+            at = np.flatnonzero(src == s)
+            epoch, pos = np.divmod(draw[at], self.sizes[s])
+            for e in np.unique(epoch).tolist():
+                sel = epoch == e
+                rows[at[sel]] = self._order(s, e, spec)[pos[sel]] + self.row_offsets[s]
+        return rows
+
+    def counts(self, cursor: dict, position: int) -> np.ndarray:
+        """Draws of each source before stream ``position``."""
+        eras = cursor["eras"]
+        i = max(k for k, era in enumerate(eras) if era["start"] <= position)
+        return self._era(cursor, i).counts_at(position - eras[i]["start"])
+
+    # -- epoch plan and state -------------------------------------------------------------------
+    def _advance(self, cursor: dict, spec: PlanSpec, segments: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        """Stream position after ``segments`` of (world size, batches done), and the epoch's
+        samples still to read."""
+        pos, remaining = int(cursor["origin"]), self.num_samples
+        for w, done in segments:
+            n = per_rank_count(remaining, w, spec.batch_size, spec.drop_last)
+            used = w * min(done * spec.batch_size, n)
+            pos, remaining = pos + used, max(0, remaining - used)
+        return pos, remaining
+
+    def _snapshot(self, cursor: dict) -> dict:
+        """The cursor with every output of the live callable schedule recorded so far."""
+        eras = [dict(e) for e in cursor["eras"]]
+        if isinstance(self.schedule, CallableSchedule):
+            for e in eras:
+                if e["schedule"] == self._schedule_desc:
+                    for m, w in e.get("recorded", {}).items():  # a state's records win over a new call
+                        self.schedule.recorded.setdefault(int(m), w)
+                    e["recorded"] = {str(m): w for m, w in sorted(self.schedule.recorded.items())}
+        return {**cursor, "eras": eras}
+
+    def plan_epoch(self, spec: PlanSpec, epoch: int, cursor: dict | None,
+                   segments: list[tuple[int, int]], world_size: int) -> EpochPlan:
+        cursor = cursor if cursor is not None else self.start_cursor(epoch)
+        B = spec.batch_size
+        pos, remaining = self._advance(cursor, spec, segments)
+        n = per_rank_count(remaining, world_size, B, spec.drop_last)
+        rows = self._rows(cursor, spec, pos, pos + world_size * n)
+        # step-major: step t of rank r holds positions t*W*B + r*b ... (b: that step's batch size)
+        streams = []
+        for r in range(world_size):
+            parts = [t * world_size * B + r * min(B, n - t * B) + np.arange(min(B, n - t * B))
+                     for t in range(-(-n // B))]
+            streams.append(rows[np.concatenate(parts)] if parts else rows[:0])
+        cursor = self._snapshot(cursor)
+        return EpochPlan(streams, cursor, {**cursor, "origin": pos + world_size * n})
+
+    def resume_cursor(self, cursor: dict | None, spec: PlanSpec, segments: list[tuple[int, int]]) -> dict:
+        """Check a saved cursor is this mixture's; with other weights, start a new era at the
+        position the saved run reached (``segments`` up to it)."""
+        if not isinstance(cursor, dict) or cursor.get("format") != CURSOR_FORMAT:
+            raise ConfigError(f"loader state has no mixture position (is it from a single dataset?); "
+                              f"this loader reads {self.source_id}")
+        ours = self._identity()
+        diff = {k: (cursor.get(k), v) for k, v in ours.items() if cursor.get(k) != v}
+        if diff:
+            raise ConfigError(f"loader state is from another mixture; differs (saved, now): {diff}")
+        cursor = {**cursor, "eras": [dict(e) for e in cursor["eras"]]}
+        if cursor["eras"][-1]["schedule"] != self._schedule_desc:
+            at, _ = self._advance(cursor, spec, segments)
+            counts = self.counts(cursor, at).tolist()
+            if cursor["eras"][-1]["start"] == at:  # a change at the very same position: replace
+                cursor["eras"].pop()
+            cursor["eras"].append({"start": at, "counts": counts, "schedule": self._schedule_desc, "recorded": {}})
+        return self._snapshot(cursor)
+
+    def progress(self, loader_state: dict) -> dict[str, dict[str, float]]:
+        """Per source, from a ``Loader.state_dict()``: samples drawn so far, and in epochs of
+        that source (1.5 = once through and half again)."""
+        cursor = loader_state.get("cursor")
+        if not isinstance(cursor, dict) or cursor.get("format") != CURSOR_FORMAT:
+            raise ConfigError("not a loader state of a mixture")
+        spec = loader_state["spec"]
+        plan = PlanSpec(self.num_samples, (), spec["batch_size"], drop_last=spec["drop_last"])
+        segs = [(int(w), int(d)) for w, d in loader_state.get("segments", [])]
+        segs.append((int(loader_state["world_size"]), int(loader_state["position"])))
+        at, _ = self._advance(cursor, plan, segs)
+        c = self.counts(cursor, at)
+        return {n: {"samples": int(c[i]), "epochs": float(c[i] / self.sizes[i])} for i, n in enumerate(self.names)}
+
+
+__all__ = ["CURSOR_FORMAT", "Mixture"]

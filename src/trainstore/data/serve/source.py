@@ -1,0 +1,88 @@
+"""What the ``Loader`` needs of what it serves: the source interface ``Dataset`` and ``Mixture`` implement.
+
+The loader, its shard fill-ahead (``fill``) and packing see a source through four things:
+
+* **rows**: ``len()`` (samples per epoch), ``column_names``, ``take(rows)`` gathering rows of
+  the source's row space into fresh batch arrays;
+* **shard plan**: ``shards`` (key, rows, bytes) and ``offsets`` over the row space, and the
+  node-cache side of them (``pin_shard``, ``close_shard``, pressure hooks, ``cache.stats``,
+  ``cache_limit``, ``max_shard_bytes``, ``decoded_groups`` for Parquet decode-ahead or None);
+* **epoch plan**: ``plan_epoch`` gives every rank's rows for an epoch (or the rest of a resumed
+  one), given the source's *cursor* (JSON-able; None for a ``Dataset``, whose plan is the
+  sampler's, a function of the epoch alone; a mixture's stream position and weight eras);
+* **state**: ``source_id`` (what a saved state must match), ``start_cursor`` and
+  ``resume_cursor`` (check a saved cursor against this source, adapt it: a mixture with new
+  weights starts a new era).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .sampler import PlanSpec, epoch_streams
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Every rank's rows for the current segment of an epoch, the cursor it was planned from
+    (with what planning recorded) and the cursor the next epoch starts from."""
+
+    streams: list[np.ndarray]
+    cursor: dict | None = None
+    next_cursor: dict | None = None
+
+
+@runtime_checkable
+class ServeSource(Protocol):
+    """A servable source of rows (see the module doc)."""
+
+    shards: Sequence[Any]
+    offsets: np.ndarray
+    column_names: tuple[str, ...]
+    max_shard_bytes: int
+    cache_limit: int
+    cache_limit_reason: str
+
+    def __len__(self) -> int: ...
+    def take(self, indices: Any) -> dict[str, np.ndarray]: ...
+    def pin_shard(self, shard: int, *, ahead: bool = False) -> Any: ...
+    def close_shard(self, shard: int, evict: bool = False) -> None: ...
+    def add_pressure_hook(self, hook: Callable[[], None]) -> None: ...
+    def remove_pressure_hook(self, hook: Callable[[], None]) -> None: ...
+    def close(self) -> None: ...
+
+    @property
+    def cache(self) -> Any: ...
+    @property
+    def decoded_groups(self) -> Any: ...
+    @property
+    def source_id(self) -> str: ...
+    @property
+    def source_bytes(self) -> int: ...
+
+    def start_cursor(self, epoch: int = 0, previous: dict | None = None) -> dict | None: ...
+    def plan_epoch(self, spec: PlanSpec, epoch: int, cursor: dict | None,
+                   segments: list[tuple[int, int]], world_size: int) -> EpochPlan: ...
+    def resume_cursor(self, cursor: dict | None, spec: PlanSpec,
+                      segments: list[tuple[int, int]]) -> dict | None: ...
+
+
+class SamplerPlanned:
+    """The epoch plan of a source whose order is the sampler's alone (``Dataset``): no cursor."""
+
+    def start_cursor(self, epoch: int = 0, previous: dict | None = None) -> None:
+        return None
+
+    def plan_epoch(self, spec: PlanSpec, epoch: int, cursor: dict | None,
+                   segments: list[tuple[int, int]], world_size: int) -> EpochPlan:
+        return EpochPlan(epoch_streams(spec, epoch, segments, world_size))
+
+    def resume_cursor(self, cursor: dict | None, spec: PlanSpec, segments: list[tuple[int, int]]) -> None:
+        return None
+
+
+__all__ = ["EpochPlan", "SamplerPlanned", "ServeSource"]
