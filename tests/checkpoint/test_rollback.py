@@ -19,6 +19,7 @@ from trainstore.chunks import ChunkStore
 from trainstore.cli.main import app
 from trainstore.errors import AlreadyExistsError
 from trainstore.lifecycle.gc import GcOptions, collect_garbage
+from trainstore.lifecycle.retention import RetentionPolicy, apply_retention
 from trainstore.lifecycle.tiering import Tiering, TierPolicy
 from trainstore.store import open_store
 
@@ -137,3 +138,21 @@ def test_ckpt_ls_shows_the_run_of_each_step(tmp_path):
         [(1, old, False), (2, new, False), (2, old, True), (3, old, True)]
     r = CliRunner().invoke(app, ["ckpt", "ls", str(tmp_path), "--job", "j"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and f"{old} (abandoned)" in r.stdout and new in r.stdout, r.output
+
+
+def test_retention_removes_abandoned_steps_once_the_lineage_moved_past_them(tmp_path):
+    with CheckpointManager(str(tmp_path), job="j", options=SMALL) as mgr:
+        _save_steps(mgr, range(1, 6))
+        mgr.restore(step=2)
+        _save_steps(mgr, [3], run=1)
+        plan = apply_retention(mgr.store, "j", RetentionPolicy(keep_last=3))
+        # each judged in place of its step: old 3, 4, 5 would each be among the last 3
+        assert sorted((d.step, d.keep) for d in plan.decisions if d.abandoned_key) == [(3, True), (4, True), (5, True)]
+        assert mgr.steps() == [1, 2, 3]
+        _save_steps(mgr, [4, 5, 6, 7], run=1)
+        apply_retention(mgr.store, "j", RetentionPolicy(keep_last=3))
+        assert [s for s, _r, _k in list_abandoned(mgr.store, "j")] == [5]  # the lineage has 3 steps past 4
+        _save_steps(mgr, [8], run=1)
+        apply_retention(mgr.store, "j", RetentionPolicy(keep_last=3))
+        assert mgr.steps() == [6, 7, 8] and list_abandoned(mgr.store, "j") == []
+        assert [float(mgr.restore(step=s)["w"][0]) for s in (6, 7, 8)] == [61.0, 71.0, 81.0]

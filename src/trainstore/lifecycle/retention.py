@@ -11,6 +11,11 @@ every kept incremental (never an orphaned delta).
 design documents (every checkpoint of the last week, full ones of the last month,
 registered ones forever).
 
+Steps a rollback or rerun left behind (``checkpoint.lineage``: ``abandoned/``) are decided
+too: one is kept while the rule would keep it in place of the lineage's step of the same
+number (``LatestN(3)`` keeps it until the new lineage has three newer steps; ``Within("7d")``
+for a week), never counted against the lineage's own checkpoints.
+
 ``plan_retention`` decides without touching the store (a dry run: each decision carries its
 reasons); ``apply_retention`` deletes (manifest first, so a checkpoint disappears atomically;
 its chunks are left to ``gc``). A rule that would delete every checkpoint of a job is refused
@@ -23,10 +28,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..checkpoint import manifest as mf
+from ..checkpoint.layout import list_abandoned
+from ..checkpoint.lineage import load_abandoned, run_of
 from ..errors import (
     ConfigError,
     ManifestError,
@@ -131,10 +138,13 @@ class Decision:
     keep: bool
     reasons: tuple[str, ...]
     stored_bytes: int = 0
+    run: str | None = None
+    abandoned_key: str | None = None  # set for a step a rollback left behind (its manifest's key)
 
     def to_json(self) -> dict:
         return {"step": self.step, "kind": self.kind, "created": self.created, "keep": self.keep,
-                "reasons": list(self.reasons), "stored_bytes": self.stored_bytes}
+                "reasons": list(self.reasons), "stored_bytes": self.stored_bytes, "run": self.run,
+                "abandoned": self.abandoned_key is not None}
 
 
 @dataclass
@@ -228,15 +238,49 @@ def plan_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, no
         keep = bool(why)
         if not keep:
             why = [f"matches no keep rule: {m.kind}, age {format_duration(view.age(m))}; {rule.miss(m, view)}"]
-        plan.decisions.append(Decision(m.step, m.kind, m.created, keep, tuple(dict.fromkeys(why)), m.stored_bytes))
+        plan.decisions.append(Decision(m.step, m.kind, m.created, keep, tuple(dict.fromkeys(why)), m.stored_bytes,
+                                       run_of(m)))
+    plan.decisions.extend(_abandoned_decisions(store, job, rule, view))
     for s in unreadable:
         log.warning("retention: step %d of job %r has an unreadable manifest; left for inspection", s, job)
-    if manifests and not plan.kept and not allow_delete_all:
+    if manifests and not any(d.keep for d in plan.decisions if d.abandoned_key is None) and not allow_delete_all:
         raise ConfigError(
             f"retention rules ({describe(rule)}) would delete all {len(manifests)} checkpoints of job "
             f"{job!r} in {store.url}; add a rule such as LatestN(1), or pass allow_delete_all=True"
         )
     return plan
+
+
+def _abandoned_decisions(store: Store, job: str, rule: Rule, view: RetentionView) -> list[Decision]:
+    """Each abandoned checkpoint is judged in place of the lineage's step of its number."""
+    out = []
+    for step, run, key in list_abandoned(store, job):
+        try:
+            m = load_abandoned(store, key)
+        except NotFoundError:
+            continue
+        except ManifestError as exc:
+            log.warning("retention: abandoned checkpoint %s is unreadable; left for inspection: %s", key, exc)
+            continue
+        alone = replace(view, manifests=tuple(sorted((*(x for x in view.manifests if x.step != step), m),
+                                                     key=lambda x: x.step)))
+        why = rule.keep(alone).get(step)
+        prefix = f"abandoned by a rollback (run {run}): "
+        reasons = [prefix + r for r in why] if why else \
+            [prefix + f"matches no keep rule in place of step {step}: {m.kind}, age "
+             f"{format_duration(alone.age(m))}; {rule.miss(m, alone)}"]
+        out.append(Decision(step, m.kind, m.created, bool(why), tuple(dict.fromkeys(reasons)), m.stored_bytes, run, key))
+    return out
+
+
+def delete_abandoned(store: Store, key: str) -> int:
+    """Remove one abandoned checkpoint (its manifest first, then its advisory records)."""
+    store.delete(key)
+    n = 1
+    for meta in list(store.list(key.rsplit("/", 1)[0] + "/")):
+        store.delete(meta.key)
+        n += 1
+    return n
 
 
 def delete_checkpoint(store: Store, job: str, step: int) -> int:
@@ -261,13 +305,17 @@ def apply_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, d
         return plan
     for d in plan.deleted:
         try:
-            delete_checkpoint(store, job, d.step)
+            if d.abandoned_key is not None:
+                delete_abandoned(store, d.abandoned_key)
+            else:
+                delete_checkpoint(store, job, d.step)
         except StoreUnavailableError:
             raise
         except TrainstoreError as exc:
             log.warning("retention: could not delete step %d of job %r: %s", d.step, job, exc)
             continue
-        log.info("retention: deleted step %d of job %r (%s)", d.step, job, d.reasons[0])
+        log.info("retention: deleted %sstep %d of job %r (%s)", "abandoned " if d.abandoned_key else "", d.step, job,
+                 d.reasons[0])
         if on_delete is not None:
             on_delete(d)
     plan.applied = True
