@@ -51,6 +51,7 @@ from .errors import (
     StoreError,
 )
 from .store.base import Buffer, Store
+from .store.checked import read_copies
 
 log = logging.getLogger("trainstore.chunks")
 
@@ -292,17 +293,9 @@ class ChunkStore:
         Returns (good: (stored, raw, tier, key) or None, bad: [(tier, key, problem)],
         the first store error met)."""
         key = ref.key(self.prefix)
-        good, bad, failed = None, [], None
-        for tier, kind in self._copies():
-            k = key if kind == "primary" else replica_key(key)
-            try:
-                stored = tier.get(k)
-            except NotFoundError:
-                continue
-            except StoreError as exc:
-                failed = failed or exc
-                log.warning("chunk %s: could not read the copy in %s: %s", k, tier.url, exc)
-                continue
+        good, bad, failed = None, [], []
+        places = ((tier, key if kind == "primary" else replica_key(key)) for tier, kind in self._copies())
+        for tier, k, stored in read_copies(places, failed):
             try:
                 raw = self.check(ref, stored, out if good is None else None, k)
             except ChunkCorruptError as exc:
@@ -312,7 +305,7 @@ class ChunkStore:
                 good = (stored, raw, tier, k)
                 if not every:
                     break
-        return good, bad, failed
+        return good, bad, failed[0] if failed else None
 
     def _repair(self, bad: list[tuple[Store, str, str]], stored: Buffer, src: Store, src_key: str) -> None:
         """Atomically replace each bad copy with the good ``stored`` bytes; report each."""

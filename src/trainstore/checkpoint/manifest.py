@@ -52,6 +52,7 @@ from typing import Any
 from ..chunks import HASH_HEX_LEN, ChunkRef, content_hash
 from ..errors import ConfigError, ManifestError, NotFoundError
 from ..store.base import Store
+from ..store.checked import read_checked
 from .layout import (  # re-exported: callers reach the layout through this module too
     MANIFEST_NAME,
     STEP_DIGITS,
@@ -68,8 +69,8 @@ from .layout import (  # re-exported: callers reach the layout through this modu
 )
 from .verify_records import (  # re-exported: callers reach the records through this module too
     VerifyRecord,
-    load_verify_record,
     new_verify_record,
+    read_verify_record,
     write_verify_record,
 )
 
@@ -352,16 +353,63 @@ def manifest_chunk_keys(manifest: Manifest, prefix: str = "chunks") -> set[str]:
 
 
 # -- store access -------------------------------------------------------------------------
-def load_manifest(store: Store, job: str, step: int) -> Manifest:
-    """Read and validate one manifest. ``NotFoundError`` / ``ManifestError``."""
+def load_manifest(store: Store, job: str, step: int, *, scrub: bool = False) -> Manifest:
+    """Read and validate one manifest. ``NotFoundError`` / ``ManifestError``.
+
+    A copy that fails validation in one tier is read from the next and repaired where it was
+    bad (``store.checked.read_checked``): ``ManifestError`` only when no tier holds a good
+    copy. ``scrub``: check (and repair) the copy in every tier (deep verification)."""
     key = manifest_key(job, step)
-    data = store.get(key)
-    if memoryview(data).nbytes > _MAX_MANIFEST_BYTES:
-        raise ManifestError(f"checkpoint manifest {key} is larger than {_MAX_MANIFEST_BYTES} bytes")
-    m = Manifest.from_bytes(data, key)
-    if m.job != job or m.step != step:
-        raise ManifestError(f"checkpoint manifest {key} says job={m.job!r} step={m.step}")
-    return m
+
+    def check(data: Any) -> Manifest:
+        if memoryview(data).nbytes > _MAX_MANIFEST_BYTES:
+            raise ManifestError(f"checkpoint manifest {key} is larger than {_MAX_MANIFEST_BYTES} bytes")
+        m = Manifest.from_bytes(data, key)
+        if m.job != job or m.step != step:
+            raise ManifestError(f"checkpoint manifest {key} says job={m.job!r} step={m.step}")
+        return m
+
+    return read_checked(store, key, check, scrub=scrub)
+
+
+def manifest_digest(manifest: Manifest) -> str:
+    """BLAKE3 of the manifest's canonical bytes: what a verification record is bound to, so a
+    record never applies to another manifest committed later under the same step."""
+    return content_hash(manifest.to_bytes())
+
+
+def checkpoint_id(store: Store, job: str, step: int) -> str:
+    """BLAKE3 of the stored bytes of a good copy of the step's manifest: the exact checkpoint
+    (the registry records it, exports carry it). A bad copy in one tier is read past."""
+    key = manifest_key(job, step)
+
+    def check(data: Any) -> str:
+        load = Manifest.from_bytes(data, key)
+        if load.job != job or load.step != step:
+            raise ManifestError(f"checkpoint manifest {key} says job={load.job!r} step={load.step}")
+        return content_hash(data)
+
+    return read_checked(store, key, check)
+
+
+_READ = object()
+
+
+def load_verify_record(store: Store, job: str, step: int,
+                       manifest: Manifest | None | object = _READ) -> VerifyRecord | None:
+    """The last verification record of ``manifest`` (default: the step's manifest committed
+    now, read here; None: a manifest unreadable in every tier), or None: never verified, or
+    the record is of another manifest (a step deleted and saved again under its number)."""
+    if manifest is _READ:
+        try:
+            manifest = load_manifest(store, job, step)
+        except NotFoundError:
+            return None
+        except ManifestError:
+            manifest = None
+    rec = read_verify_record(store, job, step)
+    digest = manifest_digest(manifest) if isinstance(manifest, Manifest) else None
+    return rec if rec is not None and rec.manifest == digest else None
 
 
 def list_manifests(store: Store, job: str) -> Iterator[Manifest | ManifestError]:
@@ -383,7 +431,7 @@ def commit_manifest(store: Store, manifest: Manifest) -> None:
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "FORMAT_V1", "check_format", "KINDS", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "job_prefix", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
     "check_job", "check_step", "checkpoints_prefix", "step_prefix", "manifest_key", "verify_key",
-    "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest",
+    "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest", "manifest_digest", "checkpoint_id",
     "list_manifests", "commit_manifest", "write_verify_record", "load_verify_record",
     "new_verify_record",
 ]

@@ -2,10 +2,11 @@
 
 ``restore_first(...)`` walks the candidates - the asked step, the best by a metric, or the
 newest first - and returns the first one that loads and verifies. Only an integrity failure
-(``IntegrityError``: a corrupt, undecodable or missing chunk, an unreadable manifest, a
-missing base) skips a candidate and records it as bad; any other error (store unreachable,
-I/O error, out of memory, a target that does not match) is raised and leaves no record, so
-the checkpoint stays restorable. Loading itself is the save backend's (``backend``).
+(``IntegrityError``: a corrupt, undecodable or missing chunk, a manifest no tier holds a
+good copy of, a missing base) skips a candidate and records it as bad (bound to the
+manifest read); any other error (store unreachable, I/O error, out of memory, a target that
+does not match) is raised and leaves no record, so the checkpoint stays restorable.
+Loading itself is the save backend's (``backend``).
 """
 
 from __future__ import annotations
@@ -54,15 +55,15 @@ def restore_first(chunks: ChunkStore, job: str, load: Callable[[Manifest], Any],
         order = best_order(store, job, steps, best, mode, skipped) if best is not None \
             else [(s, "newest checkpoint that verifies") for s in reversed(steps)]
     for s, why in order:
-        if not retry_bad:
-            rec = mf.load_verify_record(store, job, s)
+        m = None  # a verification record applies to the manifest read alone
+        try:
+            m = mf.load_manifest(store, job, s)  # a bad copy in one tier is read from the next
+            rec = None if retry_bad else mf.load_verify_record(store, job, s, m)
             if rec is not None and not rec.ok:
                 reason = f"verification recorded it as bad: {'; '.join(rec.errors[:2])}"
                 skipped.append((s, reason))
                 log.warning("restore: skipping step %d of job %r: %s", s, job, reason)
                 continue
-        try:
-            m = mf.load_manifest(store, job, s)
             check_base(store, m)
             state = load(m)
         except IntegrityError as exc:  # the checkpoint itself is bad: record it, try an older one
@@ -71,7 +72,8 @@ def restore_first(chunks: ChunkStore, job: str, load: Callable[[Manifest], Any],
             reason = f"{type(exc).__name__}: {exc}"
             skipped.append((s, reason))
             log.warning("restore: skipping step %d of job %r: %s", s, job, reason)
-            record_verify(chunks, job, mf.new_verify_record(s, False, [reason], 0))
+            record_verify(chunks, job, mf.new_verify_record(s, False, [reason], 0,
+                                                            None if m is None else mf.manifest_digest(m)))
             continue
         except NotFoundError:
             if step is not None or store.exists(mf.manifest_key(job, s)):

@@ -5,7 +5,8 @@ manifest of an incremental exists. Deep: additionally every chunk is read, decod
 re-hashed (``ChunkStore.verify(deep=True)``), and every XOR delta is applied to its base
 and checked against the piece's recorded hash. The outcome is written to
 ``jobs/<job>/checkpoints/<step>/verify.json`` (see ``manifest.VerifyRecord``) so that
-``restore()`` skips a checkpoint known to be bad.
+``restore()`` skips a checkpoint known to be bad; the record is bound to the manifest it
+verified (its digest), so it never applies to a step saved again under the same number.
 
 Only integrity failures (``IntegrityError``: corrupt, undecodable or missing chunks, an
 unreadable or missing base manifest) are recorded as problems; any other error (the store
@@ -21,13 +22,28 @@ import numpy as np
 
 from ..chunks import ChunkRef, ChunkStore
 from ..errors import IntegrityError, NotFoundError, TrainstoreError
-from .manifest import Manifest, VerifyRecord, load_manifest, new_verify_record, write_verify_record
+from .manifest import (
+    Manifest,
+    VerifyRecord,
+    load_manifest,
+    manifest_digest,
+    new_verify_record,
+    write_verify_record,
+)
 from .reader import _read_piece
 
 
 def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, workers: int = 4) -> VerifyRecord:
-    """Check one checkpoint; returns a record (``ok`` False lists every problem found)."""
+    """Check one checkpoint; returns a record bound to ``manifest`` (``ok`` False lists every
+    problem found). Deep: the manifest's copy in every tier is checked too, bad ones repaired."""
     errors: list[str] = []
+    if deep:
+        try:
+            load_manifest(chunks.store, manifest.job, manifest.step, scrub=True)
+        except IntegrityError as exc:
+            errors.append(f"manifest: {exc}")
+        except NotFoundError:
+            pass  # deleted since it was read: its chunks are checked as given
     if manifest.kind == "incremental":
         try:
             base = load_manifest(chunks.store, manifest.job, manifest.base_step)  # type: ignore[arg-type]
@@ -63,7 +79,7 @@ def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, w
         errors += [e for e in pool.map(check, sorted(refs, key=lambda r: r.hash)) if e]
         if deep and not errors:
             errors += [e for e in pool.map(check_delta, deltas) if e]
-    return new_verify_record(manifest.step, deep, errors, len(refs))
+    return new_verify_record(manifest.step, deep, errors, len(refs), manifest_digest(manifest))
 
 
 def record(chunks: ChunkStore, job: str, rec: VerifyRecord) -> None:

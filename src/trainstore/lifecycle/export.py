@@ -26,7 +26,7 @@ import numpy as np
 from ..checkpoint import manifest as mf
 from ..checkpoint.reader import load_state
 from ..checkpoint.state import flatten
-from ..chunks import ChunkStore, content_hash
+from ..chunks import ChunkStore
 from ..errors import AlreadyExistsError, ConfigError, NotFoundError, StoreError
 from ..store.base import Store
 
@@ -76,7 +76,7 @@ def export_safetensors(store: Store, job: str, step: int, path: str | os.PathLik
     if dtype not in CASTS:
         raise ConfigError(f"dtype must be one of bf16, fp16 (or None), got {dtype!r}")
     m, leaves = _load_tensors(store, job, step, workers)
-    meta = {"trainstore.checkpoint_id": content_hash(memoryview(store.get(m.key))),
+    meta = {"trainstore.checkpoint_id": mf.checkpoint_id(store, m.job, m.step),
             "trainstore.metrics": json.dumps(m.metrics)[:4096]}
     if model_version:
         meta["trainstore.model_version"] = model_version
@@ -249,7 +249,7 @@ def export_folder(store: Store, job: str, step: int, folder: str | os.PathLike[s
                   model_version: str | None = None, workers: int = 4, **kw: Any) -> FolderExportResult:
     """``write_safetensors_folder`` of the tensors of ``job``@``step`` (read verified)."""
     m, leaves = _load_tensors(store, job, step, workers)
-    meta = {"trainstore.checkpoint_id": content_hash(memoryview(store.get(m.key)))}
+    meta = {"trainstore.checkpoint_id": mf.checkpoint_id(store, m.job, m.step)}
     if model_version:
         meta["trainstore.model_version"] = model_version
     return write_safetensors_folder(leaves, folder, job=job, step=step, metadata=meta, **kw)
@@ -258,8 +258,7 @@ def export_folder(store: Store, job: str, step: int, folder: str | os.PathLike[s
 def registered_checkpoint(registry: Any, ref: str) -> Any:
     """The ``ModelVersion`` of ``ref``, checked to still name the checkpoint it registered."""
     mv = registry.get(ref)
-    raw = registry.store.get(mf.manifest_key(mv.job, mv.step))
-    if content_hash(memoryview(raw)) != mv.checkpoint_id:
+    if mf.checkpoint_id(registry.store, mv.job, mv.step) != mv.checkpoint_id:
         raise ConfigError(f"{mv.ref}: checkpoint {mv.job}@{mv.step} changed since it was registered "
                           "(checkpoint id mismatch)")
     return mv

@@ -31,10 +31,10 @@ from typing import Any
 
 from .. import naming
 from ..checkpoint import manifest as mf
-from ..chunks import content_hash
 from ..errors import AlreadyExistsError, ConfigError, ConflictError, ManifestError, NotFoundError
 from ..store import open_store
 from ..store.base import Store
+from ..store.checked import read_checked
 
 PREFIX = "registry/models/"
 VERSION_FORMAT = "trainstore.model-version/1"
@@ -134,6 +134,11 @@ def _decode(data: Any, where: str) -> dict:
     return obj
 
 
+def _load(store: Store, key: str) -> dict:
+    """A registry record; a bad copy in one tier is read from the next and repaired."""
+    return read_checked(store, key, lambda data: _decode(data, key))
+
+
 def _who() -> str:
     try:
         user = getpass.getuser()
@@ -177,11 +182,11 @@ class Registry:
         """
         check_name(model)
         try:
-            raw = self.store.get(mf.manifest_key(job, step))
+            m = mf.load_manifest(self.store, job, step)
+            checkpoint_id = mf.checkpoint_id(self.store, job, step)
         except NotFoundError:
             raise NotFoundError(f"cannot register {model!r}: no checkpoint step {step} of job {job!r} "
                                 f"in {self.store.url}") from None
-        m = mf.Manifest.from_bytes(raw, mf.manifest_key(job, step))
         extra = m.metadata.get("extra") or {}
         dataset = dataset or (extra.get("dataset") if isinstance(extra, dict) else None)
         for alias in aliases:
@@ -191,7 +196,7 @@ class Registry:
             existing = self._numbered(self.store, prefix)
             number = existing[-1] + 1 if existing else 1
             mv = ModelVersion(model=model, version=number, job=job, step=step,
-                              checkpoint_id=content_hash(memoryview(raw)), kind=m.kind, created=time.time(),
+                              checkpoint_id=checkpoint_id, kind=m.kind, created=time.time(),
                               metrics={**m.metrics, **(metrics or {})}, config={**m.config, **(config or {})},
                               dataset=dataset, code_version=m.metadata.get("code_version"), note=note,
                               registered_by=_who())
@@ -209,14 +214,14 @@ class Registry:
     def version(self, model: str, version: int) -> ModelVersion:
         key = f"{self._versions_prefix(model)}{int(version):06d}.json"
         try:
-            data = self.store.get(key)
+            obj = _load(self.store, key)
         except NotFoundError:
             known = self._numbered(self.store, self._versions_prefix(model))
             if not known:
                 raise NotFoundError(f"no model {model!r} in the registry of {self.store.url} "
                                     f"(models: {self.models()[:10]})") from None
             raise NotFoundError(f"model {model!r} has no version {version} (versions {known[0]}..{known[-1]})") from None
-        return ModelVersion.from_json(_decode(data, key), key)
+        return ModelVersion.from_json(obj, key)
 
     def versions(self, model: str) -> list[ModelVersion]:
         return [self.version(model, v) for v in self._numbered(self.store, self._versions_prefix(model))]
@@ -237,7 +242,7 @@ class Registry:
         for seq in self._numbered(self.store, prefix):
             key = f"{prefix}{seq:012d}.json"
             try:
-                out.append(AliasEvent.from_json(_decode(self.store.get(key), key), key))
+                out.append(AliasEvent.from_json(_load(self.store, key), key))
             except NotFoundError:
                 continue
         return out
@@ -249,7 +254,7 @@ class Registry:
         if not seqs:
             return 0, None
         key = f"{prefix}{seqs[-1]:012d}.json"
-        return seqs[-1], AliasEvent.from_json(_decode(self.store.get(key), key), key).version
+        return seqs[-1], AliasEvent.from_json(_load(self.store, key), key).version
 
     def aliases(self, model: str) -> dict[str, int]:
         """Current target version of every alias of ``model`` (removed aliases omitted)."""
