@@ -10,5 +10,6 @@ from __future__ import annotations
 from .cache import NodeCache
 from .config import CacheConfig, CacheStats
 from .files import PinnedFile
+from .source import check_unchanged, source_tag
 
-__all__ = ["CacheConfig", "CacheStats", "NodeCache", "PinnedFile"]
+__all__ = ["CacheConfig", "CacheStats", "NodeCache", "PinnedFile", "check_unchanged", "source_tag"]

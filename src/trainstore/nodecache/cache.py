@@ -19,7 +19,12 @@ Entries are namespaced by a hash of the durable store's URL, so jobs on differen
 sharing one directory never collide; nothing uses named shared memory. Keys are immutable in
 trainstore (chunks are content-addressed, shard keys are versioned); when a checksum is
 given, a cached copy that does not match it is re-fetched, and a durable copy that does not
-match raises ``IntegrityError`` naming the key.
+match raises ``IntegrityError`` naming the key. Objects trainstore did not write (external
+data) may be rewritten in place: they are pinned with the ``tag`` of the content they were
+listed with (``nodecache.source``). A tagged copy lives under its own name (the tag's hash),
+so a new content is a miss and is filled, never served from an older copy of the same size;
+a fill checks the store still holds that tag before and after the download (else
+``IntegrityError`` naming the object), and drops the idle copies of other tags.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,8 +48,17 @@ from ..store import Store, open_store, validate_key
 from .config import CacheConfig, CacheStats
 from .fetch import RangedDownloads, download
 from .files import TMP_PREFIX, PinnedFile, file_hash, stamp, temp_file_beside, touch
+from .source import check_unchanged
 
 log = logging.getLogger(__name__)
+
+_TAG_CHARS = 16
+#: the name of a tagged copy: the tag's hash, a dot, the key's last segment
+_TAGGED = re.compile(rf"[0-9a-f]{{{_TAG_CHARS}}}\.")
+
+
+def _tag_hash(tag: str) -> str:
+    return hashlib.sha256(tag.encode()).hexdigest()[:_TAG_CHARS]
 
 # Files this process has verified: path -> (inode, size, mtime_ns). Shared by every NodeCache
 # in the process, so a new cache object (a new Dataset, a new epoch) does not re-hash them.
@@ -90,13 +105,17 @@ class NodeCache:
         self._ranged: RangedDownloads | None = None
 
     # -- paths -----------------------------------------------------------------------------
-    def path_of(self, key: str) -> str:
-        """Where ``key`` lives (or would live) in the cache."""
+    def path_of(self, key: str, tag: str | None = None) -> str:
+        """Where ``key`` lives (or would live) in the cache; with ``tag``, the copy of that
+        content of it (``<namespace>.v/<dirs>/<hash of tag>.<name>``)."""
         validate_key(key)
         parts = key.split("/")
         if any(p.startswith(TMP_PREFIX) for p in parts):
             raise ConfigError(f"cache key segment may not start with {TMP_PREFIX!r}: {key!r}")
-        return os.path.join(self._obj_ns, *parts)
+        if tag is None:
+            return os.path.join(self._obj_ns, *parts)
+        parts[-1] = f"{_tag_hash(tag)}.{parts[-1]}"
+        return os.path.join(self._objects, f"{self.namespace}.v", *parts)
 
     def _key_lock(self, key: str) -> filelock.FileLock:
         name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"
@@ -104,15 +123,16 @@ class NodeCache:
 
     # -- public API --------------------------------------------------------------------------
     def pin(self, key: str, *, checksum: str | None = None, size: int | None = None,
-            ahead: bool = False) -> PinnedFile:
+            tag: str | None = None, ahead: bool = False) -> PinnedFile:
         """Make ``key`` present in the cache and hold it in use until the handle is closed.
 
         ``checksum`` (BLAKE3 hex) and ``size``, when given, are verified on fill; a cached copy
-        that fails them is re-fetched. ``CapacityError`` if the object cannot fit. ``ahead``:
-        a fill ahead of use, which neither waits for space nor asks ``on_pressure`` for it
-        (``CapacityError`` at once when nothing is evictable).
+        that fails them is re-fetched. ``tag``: the content of an object that may be rewritten
+        in place (``nodecache.source``), checked against the store on fill. ``CapacityError``
+        if the object cannot fit. ``ahead``: a fill ahead of use, which neither waits for space
+        nor asks ``on_pressure`` for it (``CapacityError`` at once when nothing is evictable).
         """
-        path = self.path_of(key)
+        path = self.path_of(key, tag)
         if size is not None and size > self.config.limit_bytes:
             raise self._too_big(key, size)
         for _attempt in range(8):
@@ -123,35 +143,38 @@ class NodeCache:
                     return handle
                 corrupt = stamp(handle._fd)
                 handle.close()
-            handle = self._fill(key, path, checksum, size, corrupt=corrupt, ahead=ahead)
+            handle = self._fill(key, path, checksum, size, corrupt=corrupt, ahead=ahead, tag=tag)
             if handle is not None:
                 return handle
         raise StoreError(f"could not pin {key!r} in the node cache {self.root}: evicted repeatedly")
 
     @contextlib.contextmanager
-    def open(self, key: str, *, checksum: str | None = None, size: int | None = None) -> Iterator[str]:
+    def open(self, key: str, *, checksum: str | None = None, size: int | None = None,
+             tag: str | None = None) -> Iterator[str]:
         """``with cache.open(key) as path``: the file is pinned inside the block."""
-        handle = self.pin(key, checksum=checksum, size=size)
+        handle = self.pin(key, checksum=checksum, size=size, tag=tag)
         try:
             yield handle.path
         finally:
             handle.close()
 
-    def get(self, key: str, *, checksum: str | None = None, size: int | None = None) -> bytes:
+    def get(self, key: str, *, checksum: str | None = None, size: int | None = None,
+            tag: str | None = None) -> bytes:
         """The object's bytes, read through the cache."""
-        with self.pin(key, checksum=checksum, size=size) as h:
+        with self.pin(key, checksum=checksum, size=size, tag=tag) as h:
             return h.read()
 
-    def contains(self, key: str) -> bool:
-        return os.path.exists(self.path_of(key))
+    def contains(self, key: str, *, tag: str | None = None) -> bool:
+        return os.path.exists(self.path_of(key, tag))
 
-    def prefetch(self, key: str, *, checksum: str | None = None, size: int | None = None) -> None:
+    def prefetch(self, key: str, *, checksum: str | None = None, size: int | None = None,
+                 tag: str | None = None) -> None:
         """Fill ``key`` without keeping it pinned."""
-        self.pin(key, checksum=checksum, size=size).close()
+        self.pin(key, checksum=checksum, size=size, tag=tag).close()
 
-    def evict(self, key: str) -> bool:
-        """Remove ``key`` now if it is not in use; True if removed."""
-        path = self.path_of(key)
+    def evict(self, key: str, *, tag: str | None = None) -> bool:
+        """Remove ``key`` (its copy of content ``tag``) now if it is not in use; True if removed."""
+        path = self.path_of(key, tag)
         with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
             freed = self._evict_file(path)
         return freed > 0 or (freed == 0 and not os.path.exists(path))
@@ -232,10 +255,11 @@ class NodeCache:
 
     def _fill(
         self, key: str, path: str, checksum: str | None, size: int | None,
-        corrupt: tuple[int, int, int] | None = None, ahead: bool = False,
+        corrupt: tuple[int, int, int] | None = None, ahead: bool = False, tag: str | None = None,
     ) -> PinnedFile | None:
         """Download ``key`` into the cache, unless another thread or process filled (or replaced
-        the corrupt copy ``corrupt`` = its inode/size/mtime) while we waited for the key lock."""
+        the corrupt copy ``corrupt`` = its inode/size/mtime) while we waited for the key lock.
+        With ``tag``, the store must hold that content before and after the download."""
         with self._key_lock(key):
             handle = self._try_pin(key, path)
             if handle is not None:
@@ -253,6 +277,8 @@ class NodeCache:
                 size = self._object_size(key)
             if size > self.config.limit_bytes:
                 raise self._too_big(key, size)
+            if tag is not None:
+                check_unchanged(self.store, key, tag, size)
             self._make_room(size, key, ahead)
             fd, tmp = temp_file_beside(path)
             try:
@@ -260,6 +286,8 @@ class NodeCache:
                           and self.config.fetch_concurrency > 1)
                 written = (self._ranged_downloads().download(self.store, key, fd, size)
                            if ranged else download(self.store, key, fd))
+                if tag is not None:  # rewritten during the download: the bytes may be mixed
+                    check_unchanged(self.store, key, tag, written)
                 if size is not None and written != size:
                     raise IntegrityError(
                         f"object {key!r} in {self.store.url} is {written} bytes, expected {size}"
@@ -286,7 +314,24 @@ class NodeCache:
             touch(path)
             handle = self._handle(key, path, fd, written)
             handle.fetched = True
-            return handle
+        if tag is not None:
+            self._drop_other_contents(path)
+        return handle
+
+    def _drop_other_contents(self, path: str) -> None:
+        """Evict the idle copies of other contents (tags) of the object whose copy is ``path``:
+        the store no longer holds them."""
+        directory, name = os.path.split(path)
+        rest = name[_TAG_CHARS + 1:]
+        try:
+            others = [e.path for e in os.scandir(directory)
+                      if e.name != name and e.name[_TAG_CHARS + 1:] == rest and _TAGGED.match(e.name)]
+        except FileNotFoundError:
+            return
+        if others:
+            with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
+                for other in others:
+                    self._evict_file(other)
 
     def _object_size(self, key: str) -> int:
         return self.store.head(key).size

@@ -32,7 +32,7 @@ from ...nodecache import CacheConfig, NodeCache, PinnedFile
 from ...store import Store, open_store
 from ..layouts import PARQUET, get_layout, layout_names
 from ..versions import DatasetVersion, ShardInfo, load_version, parse_ref
-from .external import describe_external
+from .external import SOURCE_TAGS, describe_external
 from .open_shard import OpenShard, column_spec
 from .options import CACHE_FREE_FRACTION, DatasetConfig, default_cache_limit, resolve_cache_dir
 from .parquet import CachedParquetShard, ParquetRows
@@ -127,7 +127,7 @@ class Dataset(SamplerPlanned):
             cache_root, sum(sizes), max(sizes, default=0))[0]
         counting = NodeCache(store, cache_root, config=CacheConfig(limit))
         footers: dict[str, pq.FileMetaData] = {}
-        version = describe_external(store, lambda key, size: counting.open(key, size=size), footers)
+        version = describe_external(store, lambda key, size, tag: counting.open(key, size=size, tag=tag), footers)
         ds = cls(store, version, cache_dir=cache_root, cache_limit=cache_limit, columns=columns, config=config)
         ds._footers.update(footers)
         return ds
@@ -159,7 +159,8 @@ class Dataset(SamplerPlanned):
             pass
         self._open_budget = max(budget, self.max_shard_bytes)
         self._ranges = (ParquetRows(self.store, self.shards, self._specs, self._open_budget, self._footers,
-                                    window_floor=self.config.max_open_bytes is None, verify=self.config.verify)
+                                    window_floor=self.config.max_open_bytes is None, verify=self.config.verify,
+                                    source_tags=self._source_tags())
                         if self.layout is PARQUET else None)
 
     def __getstate__(self) -> dict:
@@ -199,7 +200,8 @@ class Dataset(SamplerPlanned):
         try:
             self._shrink(self.shards[shard].bytes)
             info = self.shards[shard]
-            handle = self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes)
+            handle = self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes,
+                                     tag=self.source_tag(shard))
             try:
                 opened: ServedShard = (
                     self._ranges.open_cached(shard, handle, handle.path, hash_verified=bool(self._checksum(info)))
@@ -264,7 +266,7 @@ class Dataset(SamplerPlanned):
         if self._ranges is not None:  # done with this epoch: its decoded row groups go first
             self._ranges.groups.demote(shard)
         if evict:
-            self._cache.evict(self.shards[shard].key)
+            self._cache.evict(self.shards[shard].key, tag=self.source_tag(shard))
 
     def prefetch_shard(self, shard: int) -> None:
         """Fill ``shard`` into the hot tier without opening it."""
@@ -275,11 +277,26 @@ class Dataset(SamplerPlanned):
         evict it) until the returned handle is closed; ``ahead``: see ``NodeCache.pin``."""
         info = self.shards[shard]
         self._check_pid()
-        return self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes, ahead=ahead)
+        return self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes, ahead=ahead,
+                               tag=self.source_tag(shard))
 
     def _checksum(self, info: ShardInfo) -> str | None:
         """What the node cache verifies a fill against (external files have no checksum)."""
         return (info.checksum or None) if self.config.verify else None
+
+    def _source_tags(self) -> dict[str, str]:
+        tags = self.version.extra.get(SOURCE_TAGS) if self.version.operation == "external" else None
+        return {k: v for k, v in tags.items() if isinstance(v, str)} if isinstance(tags, dict) else {}
+
+    def source_tag(self, shard: int) -> str | None:
+        """The content tag external ``shard`` was listed with (``nodecache.source``): the node
+        cache serves only that content of the file. None for trainstore's own shards (BLAKE3)."""
+        info = self.shards[shard]
+        return None if info.checksum else self._source_tags().get(info.key)
+
+    def cached(self, shard: int) -> bool:
+        """Whether ``shard`` (the content this dataset serves) is in the node cache."""
+        return self.cache.contains(self.shards[shard].key, tag=self.source_tag(shard))
 
     def _ranged(self, shard: int) -> bool:
         """Whether rows of ``shard`` are read by byte ranges: a Parquet shard neither open nor
@@ -290,7 +307,7 @@ class Dataset(SamplerPlanned):
         with self._lock:
             if shard in self._open:
                 return False
-        return not self._cache.contains(self.shards[shard].key)
+        return not self.cached(shard)
 
     def row_group_stats(self) -> dict[str, int]:
         """This process's Parquet row-group decoding: groups ``decoded`` (and their

@@ -124,12 +124,11 @@ class DecodeAhead:
     def _arrived(self, s: int, last: int) -> bool:
         """Wait until shard ``s`` is in the node cache (the fill thread fetches it); False once
         closed or once its last batch has been consumed."""
-        key = self.ds.shards[s].key
         while True:
             with self._cv:
                 if self._closed or self._consumed > last:
                     return False
-            if self.ds.cache.contains(key):
+            if self.ds.cached(s):
                 return True
             with self._cv:
                 self._cv.wait(POLL_S)
@@ -151,7 +150,7 @@ class DecodeAhead:
         with self._cv:
             if self._closed or self._consumed > last:
                 return
-        if not self.ds.cache.contains(self.ds.shards[s].key):  # evicted meanwhile: not fetched again
+        if not self.ds.cached(s):  # evicted meanwhile: not fetched again
             return
         try:
             op = self.ds.acquire(s)

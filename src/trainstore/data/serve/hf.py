@@ -17,7 +17,8 @@ from contextlib import AbstractContextManager
 import pyarrow as pa
 
 from ...errors import IntegrityError, NotFoundError
-from ...store import Store
+from ...nodecache import source_tag
+from ...store import ObjectMeta, Store
 from ..layouts import ARROW_STREAM
 from ..versions import ShardInfo
 
@@ -25,15 +26,15 @@ STATE_FILE = "state.json"
 INFO_FILE = "dataset_info.json"
 _DATA_FILE = re.compile(r"(?:.*/)?data-\d+-of-\d+\.arrow$")
 
-#: opens a store object as a local file path for the block: (key, size) -> context of path
-LocalOpener = Callable[[str, int], AbstractContextManager[str]]
+#: opens a store object as a local file path for the block: (key, size, content tag) -> context of path
+LocalOpener = Callable[[str, int, str | None], AbstractContextManager[str]]
 
 
 def is_hf_folder(keys: set[str]) -> bool:
     return STATE_FILE in keys or INFO_FILE in keys
 
 
-def hf_data_files(store: Store, sizes: dict[str, int]) -> list[str]:
+def hf_data_files(store: Store, sizes: dict[str, ObjectMeta]) -> list[str]:
     """The folder's data files in order (``state.json``'s ``_data_files``, else by name)."""
     if STATE_FILE in sizes:
         where = f"{store.url}/{STATE_FILE}"
@@ -49,16 +50,18 @@ def hf_data_files(store: Store, sizes: dict[str, int]) -> list[str]:
     return sorted(k for k in sizes if _DATA_FILE.match(k))
 
 
-def describe_hf(store: Store, sizes: dict[str, int], open_local: LocalOpener) -> tuple[pa.Schema, list[ShardInfo]]:
-    """(schema, shards) of the folder; ``IntegrityError`` naming a file that is not an Arrow
-    stream or whose schema differs from the first file's."""
-    files = hf_data_files(store, sizes)
+def describe_hf(store: Store, listed: dict[str, ObjectMeta],
+                open_local: LocalOpener) -> tuple[pa.Schema, list[ShardInfo]]:
+    """(schema, shards) of the folder (``listed``: the store's objects by key); ``IntegrityError``
+    naming a file that is not an Arrow stream or whose schema differs from the first file's."""
+    files = hf_data_files(store, listed)
     if not files:
         raise NotFoundError(f"{store.url}: Hugging Face datasets folder without data-*.arrow files")
     schema: pa.Schema | None = None
     shards = []
     for key in files:
-        with open_local(key, sizes[key]) as path:
+        meta = listed[key]
+        with open_local(key, meta.size, source_tag(meta)) as path:
             try:
                 shard = ARROW_STREAM.open(path)
                 rows, file_schema = shard.num_rows, shard.schema
@@ -69,7 +72,7 @@ def describe_hf(store: Store, sizes: dict[str, int], open_local: LocalOpener) ->
             schema = file_schema
         elif not file_schema.equals(schema):
             raise IntegrityError(f"{store.url}/{key}: schema {file_schema} differs from the first file's {schema}")
-        shards.append(ShardInfo(key, rows, sizes[key], ""))
+        shards.append(ShardInfo(key, rows, meta.size, ""))
     assert schema is not None
     return schema, shards
 

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import IntegrityError, TrainstoreError
+from ...nodecache import check_unchanged
 from ...store import Store
 from ..versions import ShardInfo
 from .open_shard import ColumnSpec, column_view, copy_rows
@@ -97,7 +98,10 @@ def decoded_size(meta: pq.FileMetaData) -> int:
 class _RangedShard:
     """A shard read by byte ranges: its ``RangeFile`` and one lock (a file has one position)."""
 
-    def __init__(self, store: Store, info: ShardInfo, footer: pq.FileMetaData | None, verify: bool) -> None:
+    def __init__(self, store: Store, info: ShardInfo, footer: pq.FileMetaData | None, verify: bool,
+                 tag: str | None) -> None:
+        if tag is not None:  # an external file rewritten since it was listed: its footer is stale
+            check_unchanged(store, info.key, tag, info.bytes)
         self.raw, self.file = _open_parquet(store, info.key, info.bytes, footer, verify)
         self.lock = threading.Lock()
 
@@ -107,13 +111,16 @@ class ParquetRows:
 
     ``budget_bytes`` bounds the decoded row groups kept; with ``window_floor`` it grows to
     ``WINDOW_SHARDS`` times the largest shard's decoded size seen. ``footers``: those read
-    already, by key (shared with ``Dataset.open``). ``fetched_bytes``: bytes read by ranges.
+    already, by key (shared with ``Dataset.open``). ``source_tags``: the content tags external
+    files were listed with (checked when a file is first read by ranges in this process).
+    ``fetched_bytes``: bytes read by ranges.
     """
 
     def __init__(self, store: Store, shards: Sequence[ShardInfo], specs: dict[str, ColumnSpec],
                  budget_bytes: int, footers: dict[str, pq.FileMetaData] | None = None, *,
-                 window_floor: bool = True, verify: bool = True) -> None:
+                 window_floor: bool = True, verify: bool = True, source_tags: dict[str, str] | None = None) -> None:
         self.store, self.shards, self.specs = store, shards, specs
+        self.source_tags = source_tags or {}
         self.footers = footers if footers is not None else {}
         self.groups = DecodedGroups(budget_bytes)
         self.window_floor, self.verify = window_floor, verify
@@ -219,7 +226,7 @@ class ParquetRows:
             f = self._ranged.get(shard)
         if f is None:
             info = self.shards[shard]
-            f = _RangedShard(self.store, info, self.footers.get(info.key), self.verify)
+            f = _RangedShard(self.store, info, self.footers.get(info.key), self.verify, self.source_tags.get(info.key))
             self._know(shard, f.file.metadata)
             with self._lock:
                 f = self._ranged.setdefault(shard, f)
