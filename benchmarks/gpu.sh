@@ -20,10 +20,23 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         || { echo "offline install of .whl/ failed"; exit 1; }
     export PYTHONPATH=/tmp/ts-site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+# trainstore is not installed there: its entry points (the save backends) come from a
+# dist-info folder written beside src/ on the path
+SITE=/tmp/ts-meta
+mkdir -p "$SITE/trainstore-0+src.dist-info"
+printf 'Metadata-Version: 2.1\nName: trainstore\nVersion: 0+src\n' >"$SITE/trainstore-0+src.dist-info/METADATA"
+"$PY" - "$SITE/trainstore-0+src.dist-info/entry_points.txt" <<'PY' || exit 1
+import sys, tomllib
+eps = tomllib.load(open("pyproject.toml", "rb"))["project"]["entry-points"]
+with open(sys.argv[1], "w") as f:
+    for group, items in eps.items():
+        f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items()))
+PY
+export PYTHONPATH=$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv \
     | tee "$OUT_DIR/gpu.txt"
-"$PY" -c "import torch, trainstore; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
+"$PY" -c "import torch, trainstore.checkpoint.backend as b; b.backend_class('single')
+print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
     | tee -a "$OUT_DIR/gpu.txt" || exit 1
 echo "== GPU tests"
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly tests/checkpoint/test_staging_cuda.py \
