@@ -315,11 +315,12 @@ class Mixture:
         n = per_rank_count(remaining, world_size, B, spec.drop_last)
         rows = self._rows(cursor, spec, pos, pos + world_size * n)
         # step-major: step t of rank r holds positions t*W*B + r*b ... (b: that step's batch size)
+        full, tail = divmod(n, B)
         streams = []
         for r in range(world_size):
-            parts = [t * world_size * B + r * min(B, n - t * B) + np.arange(min(B, n - t * B))
-                     for t in range(-(-n // B))]
-            streams.append(rows[np.concatenate(parts)] if parts else rows[:0])
+            at = (np.arange(full)[:, None] * (world_size * B) + r * B + np.arange(B)).reshape(-1)
+            last = full * world_size * B + r * tail + np.arange(tail)
+            streams.append(rows[np.concatenate([at, last]).astype(np.int64)])
         cursor = self._snapshot(cursor)
         return EpochPlan(streams, cursor, {**cursor, "origin": pos + world_size * n})
 
