@@ -43,13 +43,19 @@ def column_spec(version: DatasetVersion, name: str) -> ColumnSpec:
     return np.dtype(t.to_pandas_dtype()), tuple(shape)
 
 
+def object_rows(values: list) -> np.ndarray:
+    """A 1-D object array, one entry per row. ``np.asarray`` would turn rows that are lists of
+    one length into a second axis (and nested ones into more), which no row gather expects."""
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
 def column_view(arr: pa.Array, spec: ColumnSpec, name: str, key: str) -> np.ndarray:
     """Zero-copy numpy view of one record batch's column (booleans: one unpacking copy)."""
     dtype, shape = spec
     if arr.null_count and dtype is not None:
         raise SchemaError(f"shard {key}: column {name!r} has nulls; tensor columns may not")
     if dtype is None:
-        return np.asarray(arr.to_pylist(), dtype=object)
+        return object_rows(arr.to_pylist())
     n = len(arr)
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage
@@ -121,4 +127,4 @@ class OpenShard:
             self.handle.close()
 
 
-__all__ = ["ColumnSpec", "OpenShard", "column_spec", "column_view", "copy_rows"]
+__all__ = ["ColumnSpec", "OpenShard", "column_spec", "column_view", "copy_rows", "object_rows"]
