@@ -188,3 +188,17 @@ def test_read_checked_raises_the_store_error_not_corruption_when_a_tier_cannot_a
     hot.put("k", b"{bad")
     with pytest.raises(StoreUnavailableError):
         read_checked(TieredStore(hot, Down(durable)), "k", check)
+
+
+def test_corrupt_hot_dataset_version_is_read_from_durable(tmp_path):
+    import pyarrow as pa
+
+    from trainstore.data.versions import DatasetVersion, commit_version, load_version
+
+    hot, durable = open_store(str(tmp_path / "hot")), open_store(str(tmp_path / "durable"))
+    store = TieredStore(hot, durable)
+    commit_version(store, DatasetVersion("ds", 1, "parquet", pa.schema([("a", pa.int64())]), ()))
+    (key,) = [meta.key for meta in hot.list("datasets/")]
+    flip_file(hot, key)
+    assert load_version(store, "ds", 1).version == 1
+    assert raw(hot, key) == raw(durable, key)

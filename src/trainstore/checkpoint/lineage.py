@@ -24,7 +24,8 @@ from collections.abc import Callable
 from ..chunks import content_hash
 from ..errors import AlreadyExistsError, ConflictError, ManifestError, NotFoundError
 from ..naming import check_name
-from ..store.base import Store
+from ..store.base import Buffer, Store
+from ..store.checked import read_checked
 from .layout import (
     MANIFEST_NAME,
     abandoned_key,
@@ -149,14 +150,16 @@ class RunLineage:
 
 def load_abandoned(store: Store, key: str) -> Manifest:
     """Read and validate an abandoned manifest (``layout.list_abandoned`` gives the keys)."""
-    data = store.get(key)
-    if memoryview(data).nbytes > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"checkpoint manifest {key} is larger than {MAX_MANIFEST_BYTES} bytes")
-    m = Manifest.from_bytes(data, key)
-    parts = key.split("/")
-    if key != abandoned_key(m.job, m.step, parts[-2]) or not key.startswith(abandoned_prefix(m.job)):
-        raise ManifestError(f"abandoned checkpoint manifest {key} says job={m.job!r} step={m.step}")
-    return m
+    def check(data: Buffer) -> Manifest:
+        if memoryview(data).nbytes > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"checkpoint manifest {key} is larger than {MAX_MANIFEST_BYTES} bytes")
+        m = Manifest.from_bytes(data, key)
+        parts = key.split("/")
+        if key != abandoned_key(m.job, m.step, parts[-2]) or not key.startswith(abandoned_prefix(m.job)):
+            raise ManifestError(f"abandoned checkpoint manifest {key} says job={m.job!r} step={m.step}")
+        return m
+
+    return read_checked(store, key, check)  # a bad copy in one tier is read from the next
 
 
 __all__ = ["PARENT_FIELD", "RUN_FIELD", "RunLineage", "abandon", "load_abandoned", "new_run_id",

@@ -37,7 +37,7 @@ def checkpoint_infos(store: Store, job: str, abandoned: bool = False) -> list[Ch
             out.append(CheckpointInfo(step, "?", None, 0.0, {}, {}, 0, 0, 0, 0, "unreadable", None, (str(exc),),
                                       durable=durable))
             continue
-        out.append(CheckpointInfo.from_manifest(m, mf.load_verify_record(store, job, step), durable))
+        out.append(CheckpointInfo.from_manifest(m, mf.load_verify_record(store, job, step, m), durable))
     if abandoned:
         out.extend(_abandoned(store, job, tiers))
         out.sort(key=lambda i: (i.step, i.abandoned, i.created))

@@ -36,6 +36,7 @@ from ..errors import (
 )
 from ..provenance import code_version, trainstore_version
 from ..store.base import Buffer, Store, validate_key
+from ..store.checked import read_checked
 from .layouts import get_layout, layout_names
 from .lineage import config_hash
 
@@ -254,10 +255,14 @@ def load_version(store: Store, name: str, version: int | None = None) -> Dataset
             raise NotFoundError(f"dataset {name!r} has no committed version in {store.url}")
         version = versions[-1]
     key = f"{versions_prefix(name)}{version:06d}.json"
-    try:
-        raw = store.get(key)
+    try:  # a bad copy in one tier is read from the next and repaired
+        return read_checked(store, key, lambda raw: _parse_version(raw, key))
     except NotFoundError:
         raise NotFoundError(f"dataset version {name}@{version} not found in {store.url}") from None
+
+
+def _parse_version(raw: Buffer, key: str) -> DatasetVersion:
+    """A dataset manifest's bytes, checked (``ManifestError`` when corrupt or malformed)."""
     try:
         obj = json.loads(bytes(raw))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
