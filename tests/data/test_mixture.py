@@ -274,3 +274,23 @@ def test_packed_loader_over_a_mixture(tmp_path):
     q.load_state_dict(state)
     rest = [b["input_ids"].copy() for b in q]
     assert all(np.array_equal(a, b) for a, b in zip(head + rest, full, strict=True))
+
+
+def test_parquet_source_beside_arrow_ipc(sources, tmp_path):
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for k in range(3):  # an external Parquet folder served as it is
+        ids = np.arange(k * 10, k * 10 + 10, dtype=np.int64) + 3000
+        pq.write_table(pa.table({"idx": ids, "text": [f"doc {i}" for i in ids]}), folder / f"part-{k}.parquet",
+                       row_group_size=4)
+    ext = Dataset.open(str(folder), cache_dir=tmp_path / "hot")
+    m = Mixture({"web": sources["web"], "pq": ext}, {"web": 0.5, "pq": 0.5}, columns=["idx"], source_column="src")
+    assert m.column_names == ("idx", "src")
+    loader = Loader(m, 10, seed=2, world_size=1, rank=0)
+    ids = np.concatenate([b["idx"] for b in loader])
+    from_pq = ids[ids >= 3000]
+    assert len(from_pq) == 75 and len(ids) == 150
+    first, second = from_pq[:30], from_pq[30:60]  # 30 rows: each source epoch draws each row once
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(3000, 3030))

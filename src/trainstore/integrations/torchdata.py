@@ -9,8 +9,9 @@
     dl = StatefulDataLoader(BatchStream(ds, batch_size=64), batch_size=None, num_workers=2)
     state = dl.state_dict()  ...  dl.load_state_dict(state)      # resumes after the last batch
 
-Both follow trainstore's epoch plans (``data.sampler``): a deterministic order per (seed,
-epoch) in ``full``/``block``/``none`` shuffle mode, and equal per-rank counts across a
+Both follow trainstore's epoch plans (``data.sampler``; a ``Mixture`` plans its own through
+the loader's source interface, ``data.serve.source``, and its cursor travels in the state): a
+deterministic order per (seed, epoch) in ``full``/``block``/``none`` shuffle mode, and equal per-rank counts across a
 ``torch.distributed`` world (no rank waits at the epoch end). ``StatefulSampler`` yields this
 rank's sample indices and records how many it handed out; its state is JSON-able and resumes
 with the same or another world size (at batch boundaries). ``BatchStream`` is an
@@ -37,17 +38,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
-from ..data.serve.dataset import Dataset
 from ..data.serve.sampler import PlanSpec, epoch_streams
+from ..data.serve.source import ServeSource
 from ..errors import ConfigError
 
 SAMPLER_FORMAT = "trainstore.torchdata-sampler/1"
 STREAM_FORMAT = "trainstore.torchdata-stream/1"
 
 
-def _spec(data: Dataset | Sized, batch_size: int, seed: int, shuffle: bool, shuffle_mode: str,
+def _spec(data: ServeSource | Sized, batch_size: int, seed: int, shuffle: bool, shuffle_mode: str,
           block_shards: int, drop_last: bool) -> PlanSpec:
-    if isinstance(data, Dataset):
+    if isinstance(data, ServeSource):  # a Dataset or a Mixture: it plans its own epochs
         rows = tuple(s.rows for s in data.shards)
     elif isinstance(data, Sized):
         rows = (len(data),)  # any map-style dataset: one "shard"
@@ -70,24 +71,37 @@ def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
 class _Plan:
     """Position in this rank's epoch plan: epoch, earlier world-size segments, batches done."""
 
-    def __init__(self, spec: PlanSpec, rank: int | None, world_size: int | None) -> None:
+    def __init__(self, spec: PlanSpec, rank: int | None, world_size: int | None,
+                 source: ServeSource | None = None) -> None:
         self.spec = spec
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.epoch = 0
         self.segments: list[tuple[int, int]] = []
         self.restored: int | None = None  # samples already consumed of the restored epoch
+        # a trainstore source plans its own epochs (serve.source); its cursor: a mixture's position
+        self.source = source
+        self.cursor = source.start_cursor() if source is not None else None
+        self._next_cursor = self.cursor
 
     def stream(self) -> np.ndarray:
-        return epoch_streams(self.spec, self.epoch, self.segments, self.world_size)[self.rank]
+        if self.source is None:
+            return epoch_streams(self.spec, self.epoch, self.segments, self.world_size)[self.rank]
+        plan = self.source.plan_epoch(self.spec, self.epoch, self.cursor, self.segments, self.world_size)
+        self.cursor = plan.cursor if plan.cursor is not None else self.cursor
+        self._next_cursor = plan.next_cursor
+        return plan.streams[self.rank]
 
     def set_epoch(self, epoch: int) -> None:
         if int(epoch) != self.epoch:
+            if self.source is not None:
+                self.cursor = self.source.start_cursor(int(epoch), self.cursor)
             self.epoch, self.segments, self.restored = int(epoch), [], None
 
     def state(self, fmt: str, consumed: int) -> dict:
         return {"format": fmt, "epoch": self.epoch, "consumed": consumed, "world_size": self.world_size,
                 "segments": [list(s) for s in self.segments],
-                "spec": {k: v for k, v in asdict(self.spec).items() if k != "shard_rows"}}
+                "spec": {k: v for k, v in asdict(self.spec).items() if k != "shard_rows"},
+                **({"cursor": self.cursor} if self.cursor is not None else {})}
 
     def load(self, state: dict, fmt: str) -> None:
         if not isinstance(state, dict) or state.get("format") != fmt:
@@ -100,6 +114,9 @@ class _Plan:
         self.epoch = int(state["epoch"])
         self.segments = [(int(w), int(d)) for w, d in state["segments"]]
         consumed = int(state["consumed"])
+        if self.source is not None:  # the source checks its cursor (a mixture: new weights, a new era)
+            done = [*self.segments, (int(state["world_size"]), -(-consumed // self.spec.batch_size))]
+            self.cursor = self.source.resume_cursor(state.get("cursor"), self.spec, done)
         if int(state["world_size"]) != self.world_size:
             if consumed % self.spec.batch_size:
                 raise ConfigError(f"cannot resume with world size {self.world_size} (saved with "
@@ -114,17 +131,17 @@ class _Plan:
         return start
 
     def finished(self) -> None:
-        self.epoch, self.segments = self.epoch + 1, []
+        self.epoch, self.segments, self.cursor = self.epoch + 1, [], self._next_cursor
 
 
 class StatefulSampler(Sampler[int]):
     """This rank's sample indices in trainstore's epoch plan; ``state_dict`` resumes mid-epoch."""
 
-    def __init__(self, data: Dataset | Sized, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+    def __init__(self, data: ServeSource | Sized, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  shuffle_mode: str = "full", block_shards: int = 4, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None) -> None:
         self._plan = _Plan(_spec(data, batch_size, seed, shuffle, shuffle_mode, block_shards, drop_last),
-                           rank, world_size)
+                           rank, world_size, data if isinstance(data, ServeSource) else None)
         self.yielded = 0
 
     @property
@@ -158,15 +175,15 @@ class BatchStream(IterableDataset):
     """Whole batches of a trainstore ``Dataset`` for this rank (an ``IterableDataset`` for
     ``StatefulDataLoader(..., batch_size=None)``); workers take batches round-robin."""
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+    def __init__(self, dataset: ServeSource, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  shuffle_mode: str = "full", block_shards: int = 4, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None, as_torch: bool = True) -> None:
-        if not isinstance(dataset, Dataset):
-            raise ConfigError(f"BatchStream needs a trainstore.data.Dataset, got {type(dataset).__name__}")
+        if not isinstance(dataset, ServeSource):
+            raise ConfigError(f"BatchStream needs a trainstore.data.Dataset or Mixture, got {type(dataset).__name__}")
         self.dataset = dataset
         self.as_torch = as_torch
         self._plan = _Plan(_spec(dataset, batch_size, seed, shuffle, shuffle_mode, block_shards, drop_last),
-                           rank, world_size)
+                           rank, world_size, dataset)
         self.produced = 0  # batches this worker (or the main process) produced this epoch
 
     def set_epoch(self, epoch: int) -> None:

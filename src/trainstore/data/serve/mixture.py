@@ -162,6 +162,10 @@ class Mixture:
             out[self.source_column] = src.astype(np.int32)
         return out
 
+    def __getitem__(self, row: int) -> dict[str, Any]:
+        """One row of the row space (what a map-style ``DataLoader`` asks for a sampler's index)."""
+        return {k: v[0] for k, v in self.take([row]).items()}
+
     # -- shard plan (the node cache of each source) --------------------------------------------
     def _local(self, shard: int) -> tuple[Dataset, int]:
         s = int(self._shard_source[shard])
