@@ -29,7 +29,7 @@ from typing import Any
 
 from ..checkpoint import manifest as mf
 from ..chunks import ChunkRef, ChunkStore
-from ..errors import ConfigError, ManifestError
+from ..errors import ConfigError, ManifestError, NotFoundError
 from ..store.base import Store
 from .registry import Registry
 
@@ -97,12 +97,23 @@ class Redundancy:
         with self._lock:
             refs = self.plan(store)
             chunks = ChunkStore(store)
-            written = [chunks.put_replica(r) for r in sorted(refs, key=lambda r: r.hash)]
+            written = [self._replicate(chunks, r) for r in sorted(refs, key=lambda r: r.hash)]
         report = RedundancyReport(len(refs), sum(1 for n in written if n), sum(written))
         if report.written:
             log.info("redundancy: %d replicas written (%.1f MB) in %s; %d chunks protected", report.written,
                      report.bytes_written / 1e6, store.url, report.chunks)
         return report
+
+    @staticmethod
+    def _replicate(chunks: ChunkStore, ref: ChunkRef) -> int:
+        """``put_replica``; 0 when the chunk is gone: another job's GC collected it after the
+        plan counted it (its manifests were deleted meanwhile), so it needs no replica."""
+        try:
+            return chunks.put_replica(ref)
+        except NotFoundError:
+            log.warning("redundancy: chunk %s vanished before its replica was written (collected, or missing: "
+                        "verify reports a missing chunk of a live checkpoint)", ref.key(chunks.prefix))
+            return 0
 
     def _manifest_refs(self, store: Store, job: str, step: int) -> frozenset[ChunkRef]:
         key = mf.manifest_key(job, step)
@@ -110,6 +121,8 @@ class Redundancy:
         if refs is None:
             try:
                 refs = frozenset(mf.manifest_refs(mf.load_manifest(store, job, step)))
+            except NotFoundError:  # deleted since it was listed (that job's retention)
+                return frozenset()
             except ManifestError as exc:  # unreadable: it protects nothing; verify reports it
                 log.warning("redundancy: skipping %s: %s", key, exc)
                 return frozenset()

@@ -352,7 +352,12 @@ class Tiering:
             tiers = where.get(s, set())
             if not tiers:
                 raise NotFoundError(f"no checkpoint step {s} of job {job!r} in any tier of {self.store.url}")
-            m = mf.load_manifest(self.store, job, s)
+            try:
+                m = mf.load_manifest(self.store, job, s)
+            except NotFoundError:
+                if step is not None:
+                    raise
+                continue  # deleted (retention) since the tiers were listed
             rec = self._record(job, s) or {}
             created = m.created
             ready = rec.get("restore_ready_at")
