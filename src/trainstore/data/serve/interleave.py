@@ -56,7 +56,7 @@ class EraStream:
         src = np.concatenate([np.full(h - low, s, dtype=np.int64) for s, (low, h) in enumerate(zip(lo, hi))])
         draw = np.concatenate([np.arange(low, h, dtype=np.int64) for low, h in zip(lo, hi)])
         tau = np.concatenate([self._tau(s, np.arange(low, h)) for s, (low, h) in enumerate(zip(lo, hi))])
-        order = np.lexsort((src, tau))
+        order = np.argsort(tau, kind="stable")  # runs per source already sorted; ties: source order
         return src[order], draw[order], lo, first
 
     def window(self, q0: int, q1: int) -> tuple[np.ndarray, np.ndarray]:
