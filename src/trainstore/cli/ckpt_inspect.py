@@ -15,6 +15,7 @@ import re
 import sys
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..checkpoint import manifest as mf
@@ -25,6 +26,8 @@ from .common import (
     console,
     emit_json,
     handle_errors,
+    metrics_text,
+    print_table,
     require_job,
     store_contents,
     when,
@@ -72,8 +75,8 @@ def ls(url: str, job: str | None = typer.Option(None, "--job", "-j", help="job n
         table.add_row(str(i.step), (i.run or "-") + (" (abandoned)" if i.abandoned else ""), i.kind,
                       "-" if i.base_step is None else str(i.base_step), when(i.created),
                       f"{i.logical_bytes / 1e6:,.1f}", f"{i.stored_bytes / 1e6:,.1f}", i.status,
-                      ", ".join(f"{k}={v}" for k, v in list(i.metrics.items())[:4]))
-    console.print(table)
+                      escape(metrics_text(i.metrics)))
+    print_table(table, wrap=("metrics",))
 
 
 @commands.command("show")
@@ -107,7 +110,7 @@ def show(url: str, job: str = typer.Option(..., "--job", "-j"), step: int | None
     for t in tensors:
         table.add_row(t["name"], t["dtype"], str(t["shape"]), f"{t['bytes']:,}", str(t["chunks"]),
                       str(t["same_as_base"]), str(t["deltas"]))
-    console.print(table)
+    print_table(table)
 
 
 @commands.command("verify")

@@ -25,6 +25,7 @@ from .common import (
     emit_json,
     handle_errors,
     not_found,
+    print_table,
     progress_bar,
     require_job,
     secs,
@@ -114,7 +115,7 @@ def retain(url: str, job: str = JobOpt,
     for d in plan.decisions:
         mark = "[green]keep[/green]" if d.keep else ("[yellow]would delete[/yellow]" if dry_run else "[red]deleted[/red]")
         table.add_row(str(d.step), d.kind, when(d.created), mark, escape("; ".join(d.reasons)))
-    console.print(table)
+    print_table(table, wrap=("why",))
     freed = sum(d.stored_bytes for d in plan.deleted)
     console.print(f"{len(plan.kept)} kept, {len(plan.deleted)} {'would be ' if dry_run else ''}deleted "
                   f"(up to {freed:,} B of chunks for `ckpt gc` to reclaim)")
@@ -150,7 +151,7 @@ def gc(url: str, grace: str = typer.Option("1h", "--grace", help="only delete ch
     table.add_row("referenced", f"{rep.referenced:,}", f"{rep.referenced_bytes:,}")
     table.add_row("unreferenced, within grace", f"{rep.too_young:,}", "")
     table.add_row("would delete" if dry_run else "deleted", f"{rep.deleted:,}", f"{rep.bytes_reclaimed:,}")
-    console.print(table)
+    print_table(table)
     console.print(f"{rep.manifests} manifests of {rep.jobs} jobs, {rep.leases} live save leases, {rep.seconds:.2f}s")
     if rep.missing:
         console.print(f"[red]{rep.missing} referenced chunks are missing[/red]: run `trainstore ckpt verify`")
@@ -201,7 +202,7 @@ def tier(hot: str, job: str = JobOpt, durable: str = typer.Option(..., "--durabl
                   title=escape(f"{tiers.store.url} job {job}"))
     for s in status:
         table.add_row(str(s.step), s.kind, s.tiers, when(s.created), secs(s.restore_ready_s), secs(s.durable_s))
-    console.print(table)
+    print_table(table)
 
 
 # -- stats ----------------------------------------------------------------------------------
@@ -264,4 +265,4 @@ def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, flags: StoreFla
         rows.append(("[red]missing chunks[/red]", str(out["missing_chunks"])))
     for k, v in rows:
         table.add_row(k, v)
-    console.print(table)
+    print_table(table, wrap=("value",))

@@ -21,7 +21,9 @@ from .common import (
     console,
     emit_json,
     handle_errors,
+    metrics_text,
     not_found,
+    print_table,
     progress_bar,
     store_contents,
     when,
@@ -35,7 +37,7 @@ commands = typer.Typer()
 def _version_row(mv: Any, aliases: dict[str, int]) -> list[str]:
     names = ", ".join(a for a, v in sorted(aliases.items()) if v == mv.version)
     return [str(mv.version), names, f"{mv.job}@{mv.step}", mv.kind, mv.checkpoint_id[:12], mv.dataset or "-",
-            escape(", ".join(f"{k}={v}" for k, v in list(mv.metrics.items())[:4])), when(mv.created)]
+            escape(metrics_text(mv.metrics)), when(mv.created)]
 
 
 @commands.command("register")
@@ -61,11 +63,15 @@ def register_cmd(url: str, job: str = JobOpt, step: int = typer.Option(..., "--s
 @commands.command("models")
 @handle_errors
 @with_store_flags
-def models(url: str, model: str | None = typer.Option(None, "--model", "-m", help="show this model's versions"),
+def models(url: str, name: str | None = typer.Argument(None, help="a model's name: list its versions"),
+           model: str | None = typer.Option(None, "--model", "-m", help="the same as NAME"),
            json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
-    """List registered models, or the versions (with aliases and lineage) of one."""
+    """List registered models, or the versions (with aliases and lineage) of the model NAME."""
     from ..lifecycle.registry import Registry
 
+    if name is not None and model is not None and name != model:
+        raise ConfigError(f"name one model: {name!r} or --model {model!r}")
+    model = model or name
     reg = Registry(flags.open(url, read_only=True))
     if model is None:
         names = reg.models()
@@ -78,7 +84,7 @@ def models(url: str, model: str | None = typer.Option(None, "--model", "-m", hel
         table = Table("model", "versions", "aliases")
         for n in names:
             table.add_row(n, str(len(reg.versions(n))), ", ".join(f"{a}={v}" for a, v in reg.aliases(n).items()))
-        console.print(table)
+        print_table(table)
         return
     versions = reg.versions(model)
     if not versions:
@@ -91,7 +97,7 @@ def models(url: str, model: str | None = typer.Option(None, "--model", "-m", hel
                   title=f"model {escape(model)}")
     for mv in versions:
         table.add_row(*_version_row(mv, aliases))
-    console.print(table)
+    print_table(table, wrap=("metrics",))
 
 
 @commands.command("alias")
@@ -127,7 +133,7 @@ def alias_cmd(url: str, model: str = typer.Option(..., "--model", "-m"),
         for a, v in aliases.items():
             mv = reg.version(model, v)
             table.add_row(a, str(v), f"{mv.job}@{mv.step}")
-        console.print(table)
+        print_table(table)
         return
     if set_to is not None:
         reg.set_alias(model, name, set_to)
@@ -147,7 +153,7 @@ def alias_cmd(url: str, model: str = typer.Option(..., "--model", "-m"),
         table = Table("seq", "action", "version", "previous", "at", "by", title=f"{escape(model)}@{escape(name)}")
         for e in events:
             table.add_row(str(e.seq), e.action, str(e.version), str(e.previous), when(e.at), escape(e.by or "-"))
-        console.print(table)
+        print_table(table)
         return
     mv = reg.resolve_alias(model, name) if not remove else None
     if json_out:

@@ -7,7 +7,7 @@ import datetime
 import inspect
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
@@ -17,18 +17,71 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
 
 from ..checkpoint import layout
 from ..errors import NotFoundError, TrainstoreError
 from ..store import Store, open_store
 
-console = Console()
+# soft_wrap: a plain line is never broken by us (a path stays one line to copy); the terminal wraps it
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 JobOpt = typer.Option(..., "--job", "-j", help="job name")
+
+
+# Words a newcomer types for a command that has another name here (``inspect`` -> ``show``); a
+# near-miss of a real name (``lss`` -> ``ls``) is suggested by click itself.
+_SYNONYMS = {
+    "inspect": "show", "info": "show", "describe": "show", "cat": "show", "list": "ls", "dir": "ls",
+    "check": "verify", "validate": "verify", "fsck": "verify", "rm": "retain", "delete": "retain",
+    "prune": "retain", "expire": "retain", "load": "restore", "get": "restore", "model": "models",
+    "versions": "models", "tag": "alias", "promote": "alias", "stat": "stats", "metrics": "stats",
+    "add": "ingest", "import": "ingest", "upload": "ingest", "history": "lineage", "collect": "gc",
+    "usage": "du", "size": "du", "checkpoint": "ckpt", "checkpoints": "ckpt", "dataset": "data",
+    "datasets": "data",
+}
+
+
+class CliGroup(TyperGroup):
+    """The command groups of the CLI: an unknown command suggests the closest one (``inspect``
+    -> ``show``), and flags show no ``<bool>`` type in the help."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None and not hasattr(cmd, "commands"):  # a command, not a group
+            for param in cmd.get_params(ctx):
+                if getattr(param, "is_flag", False) and param.metavar is None:
+                    param.metavar = ""  # typer's help would print `<bool>` after every flag
+        return cmd
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except Exception as exc:  # click's UsageError (typer vendors click): add our suggestion
+            message = getattr(exc, "message", None)
+            target = self._closest(ctx, args[0].lower()) if args and isinstance(message, str) else None
+            if target is not None and "Did you mean" not in message:  # type: ignore[operator]
+                exc.message = f"{message.rstrip('.')}. Did you mean {target!r}?"  # type: ignore[attr-defined,union-attr]
+            raise
+
+    def _closest(self, ctx: Any, word: str) -> str | None:
+        """The command a synonym means, here or one group down (``inspect`` -> ``ckpt show``)."""
+        target = _SYNONYMS.get(word)
+        if target is None:
+            return None
+        if target in self.list_commands(ctx):
+            return target
+        for name in self.list_commands(ctx):
+            sub = self.get_command(ctx, name)
+            if hasattr(sub, "list_commands") and target in sub.list_commands(ctx):
+                return f"{name} {target}"
+        return None
 
 
 def emit_json(obj: Any) -> None:
@@ -130,6 +183,46 @@ def with_store_flags(fn: F) -> F:
     command.__signature__ = signature.replace(parameters=[*own, *_STORE_PARAMS])  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in command.__signature__.parameters.values()}  # type: ignore[attr-defined]
     return command  # type: ignore[return-value]
+
+
+def _plain(cell: object) -> str:
+    if isinstance(cell, Text):
+        return cell.plain
+    return Text.from_markup(cell).plain if isinstance(cell, str) else str(cell)
+
+
+def print_table(table: Table, *, wrap: Sequence[str] = ()) -> None:
+    """Print ``table`` so that no cell is ever cut: the columns named in ``wrap`` (free text:
+    metrics, reasons) may wrap; every other column (paths, steps, kinds, statuses) is kept on one
+    line whole. Piped (not a terminal), or when the whole columns do not fit the terminal, the
+    table is printed as plain aligned columns with no borders. The title goes on its own line,
+    so a store URL in it is never folded."""
+    headers = [_plain(c.header) for c in table.columns]
+    rows = list(zip(*([_plain(x) for x in c.cells] for c in table.columns))) if table.columns else []
+    widths = [max(len(line) for r in [headers, *rows] for line in r[i].splitlines() or [""])
+              for i in range(len(headers))]
+    title = _plain(table.title) if table.title else None
+    whole = sum(w for h, w in zip(headers, widths) if h not in wrap) + 10 * sum(h in wrap for h in headers)
+    if title:
+        console.print(f"[bold]{escape(title)}[/bold]", highlight=False)
+        table.title = None
+    if console.is_terminal and whole + 3 * len(headers) + 1 <= console.width:
+        for column, header, width in zip(table.columns, headers, widths):
+            if header in wrap:
+                column.overflow = "fold"
+            else:
+                column.no_wrap, column.min_width = True, width
+        console.print(table)
+        return
+    flat = [[c.replace("\n", " ") for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in flat) for i in range(len(headers))]
+    console.print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in flat),
+                  markup=False, highlight=False)
+
+
+def metrics_text(metrics: dict[str, Any], limit: int = 4) -> str:
+    """``val_loss=0.3675, acc=0.91``: the first ``limit`` metrics, floats to 4 significant digits."""
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:limit])
 
 
 def when(t: float | None) -> str:

@@ -12,17 +12,19 @@ from rich.table import Table
 
 from ..errors import ConfigError, IntegrityError, NotFoundError
 from .common import (
+    CliGroup,
     JsonOpt,
     StoreFlags,
     console,
     emit_json,
     handle_errors,
+    print_table,
     store_contents,
     with_store_flags,
 )
 
 data_app = typer.Typer(help="Datasets: ingest, clean, transform, inspect and verify versions.",
-                       no_args_is_help=True)
+                       no_args_is_help=True, cls=CliGroup)
 
 
 
@@ -201,7 +203,7 @@ def ls(url: str, json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> 
     for r in rows:
         table.add_row(r["id"], r["layout"], f"{r['rows']:,}", f"{r['bytes']:,}", str(r["shards"]),
                       r["operation"], ", ".join(r["parents"]))
-    console.print(table)
+    print_table(table)
 
 
 @data_app.command("show")
@@ -222,11 +224,11 @@ def show(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = Store
     schema = Table("column", "type", "nullable")
     for f in v.schema:
         schema.add_row(f.name, str(f.type), str(f.nullable))
-    console.print(schema)
+    print_table(schema)
     shards = Table("shard", "rows", "bytes", "blake3")
     for s in v.shards:
         shards.add_row(s.key, f"{s.rows:,}", f"{s.bytes:,}", s.checksum[:16])
-    console.print(shards)
+    print_table(shards)
 
 
 @data_app.command("lineage")
@@ -247,7 +249,7 @@ def lineage(url: str, ref: str, json_out: bool = JsonOpt, flags: StoreFlags = St
     for c in chain:
         table.add_row(c["id"], c["operation"], ", ".join(c["parents"]), c["config_hash"][:16],
                       str(c["code_version"]), str(c["trainstore_version"]), f"{c['rows']:,}")
-    console.print(table)
+    print_table(table)
 
 
 @data_app.command("verify")

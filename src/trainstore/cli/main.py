@@ -13,9 +13,11 @@ import importlib
 import typer
 
 from .. import __version__
+from .common import CliGroup
 
 app = typer.Typer(
     name="trainstore",
+    cls=CliGroup,
     help="Storage for AI training pipelines: stores, checkpoints, datasets, serving.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -8,9 +8,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import JsonOpt, StoreFlags, console, emit_json, handle_errors, with_store_flags
+from .common import (
+    CliGroup,
+    JsonOpt,
+    StoreFlags,
+    emit_json,
+    handle_errors,
+    print_table,
+    with_store_flags,
+)
 
-store_app = typer.Typer(help="Inspect a store (local path, file://, s3://, gs://, az://).", no_args_is_help=True)
+store_app = typer.Typer(help="Inspect a store (local path, file://, s3://, gs://, az://).", no_args_is_help=True,
+                        cls=CliGroup)
 
 
 @store_app.command("ls")
@@ -31,7 +40,7 @@ def ls(
     table = Table("key", "size", title=escape(store.url))
     for m in metas:
         table.add_row(escape(m.key), f"{m.size:,}")
-    console.print(table)
+    print_table(table)
 
 
 @store_app.command("du")
@@ -59,7 +68,7 @@ def du(
     table = Table("prefix", "bytes", "objects", title=escape(f"{store.url}: {total:,} bytes"))
     for k, (b, n) in rows:
         table.add_row(escape(k), f"{b:,}", f"{n:,}")
-    console.print(table)
+    print_table(table)
 
 
 def register(app: typer.Typer) -> None:
