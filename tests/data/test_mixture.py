@@ -334,3 +334,8 @@ def test_stress_random_resume_chains(sources, case):
                                  shuffle_mode=mode)
     got, _ = resumed_stream(sources, plan, weights, batch=batch, drop_last=drop_last, shuffle_mode=mode)
     assert np.array_equal(got, straight[:len(got)]), plan
+
+
+def test_packed_loader_names_a_missing_column_of_a_mixture(sources):
+    with pytest.raises(SchemaError, match=r"mixture\(web=web@1.*no column 'tokens'"):
+        PackedLoader(Loader(mix(sources), 8, world_size=1, rank=0), PackingConfig(seq_len=8))

@@ -152,7 +152,7 @@ class PackedLoader:
 
     def __init__(self, loader: Loader, config: PackingConfig) -> None:
         if config.column not in loader.dataset.column_names:
-            raise SchemaError(f"dataset {loader.dataset.version.id} has no column {config.column!r} to pack "
+            raise SchemaError(f"dataset {loader.dataset.source_id} has no column {config.column!r} to pack "
                               f"(has {list(loader.dataset.column_names)})")
         self.loader = loader
         self.config = config
