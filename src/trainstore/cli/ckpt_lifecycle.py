@@ -149,10 +149,13 @@ def gc(url: str, grace: str = typer.Option("1h", "--grace", help="only delete ch
     table = Table("", "chunks", "bytes", title=f"gc of {escape(store.url)}" + (" [dry run]" if dry_run else ""))
     table.add_row("stored", f"{rep.chunks:,}", f"{rep.chunk_bytes:,}")
     table.add_row("referenced", f"{rep.referenced:,}", f"{rep.referenced_bytes:,}")
-    table.add_row("unreferenced, within grace", f"{rep.too_young:,}", "")
+    table.add_row("unreferenced, within grace", f"{rep.too_young:,}", f"{rep.too_young_bytes:,}")
     table.add_row("would delete" if dry_run else "deleted", f"{rep.deleted:,}", f"{rep.bytes_reclaimed:,}")
     print_table(table)
     console.print(f"{rep.manifests} manifests of {rep.jobs} jobs, {rep.leases} live save leases, {rep.seconds:.2f}s")
+    if rep.next_reclaim_at is not None:  # when the rest goes (retention reclaims what it releases at once)
+        console.print(f"{rep.too_young:,} unreferenced chunks within the grace period: reclaimable from "
+                      f"{when(rep.next_reclaim_at)} by a gc then (each {grace} after it was written)")
     if rep.missing:
         console.print(f"[red]{rep.missing} referenced chunks are missing[/red]: run `trainstore ckpt verify`")
 
