@@ -17,6 +17,7 @@ until retention removes them (``lifecycle.retention``).
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -98,7 +99,22 @@ def _move(tier: Store, job: str, step: int) -> str:
     tier.delete(key)  # the step leaves the lineage here
     for other in others:
         tier.delete(other)
+    prune_empty_dirs(tier, [step_prefix(job, step)])
     return run
+
+
+def prune_empty_dirs(store: Store, prefixes: list[str]) -> None:
+    """Remove the directories of ``prefixes`` (deepest first) in each local tier of ``store``
+    if they are empty now, so deleted checkpoints leave no empty step folders behind."""
+    for tier in store.tiers():
+        for prefix in prefixes:
+            path = tier.local_path(prefix.rstrip("/"))
+            if path is None:
+                break  # not a local tier
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty (a racing write, other runs' steps) or gone: keep it
+                continue
 
 
 class RunLineage:
@@ -162,5 +178,5 @@ def load_abandoned(store: Store, key: str) -> Manifest:
     return read_checked(store, key, check)  # a bad copy in one tier is read from the next
 
 
-__all__ = ["PARENT_FIELD", "RUN_FIELD", "RunLineage", "abandon", "load_abandoned", "new_run_id",
+__all__ = ["PARENT_FIELD", "RUN_FIELD", "RunLineage", "abandon", "prune_empty_dirs", "load_abandoned", "new_run_id",
            "run_of"]

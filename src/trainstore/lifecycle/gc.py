@@ -22,13 +22,20 @@ so the save sees the marker in (b) and re-checks after the sweep's deletions end
 Chunks deleted *before* a save's own HEADs are simply written again. The grace period
 additionally protects writers that do not take leases (a crashed save's leftovers become
 garbage only after it). Listing is strongly consistent on S3, GCS, Azure and locally.
+
+**Released chunks** (``reclaim_released``): the chunks a retention decision just unreferenced
+are swept at once, by the same protocol (marker, leases, then every manifest of every job),
+restricted to those keys and without the grace period: they were named by a committed
+manifest, so no unleased writer is writing them, and a save that dedups against one either
+shows in the lease listing or sees the marker and writes it again. The report's
+``next_reclaim_at`` says when the chunks a sweep left for the grace period become deletable.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +92,8 @@ class GcReport:
     deleted: int = 0
     bytes_reclaimed: int = 0
     missing: int = 0  # referenced by a manifest but absent (a broken checkpoint: run verify)
+    too_young_bytes: int = 0
+    next_reclaim_at: float | None = None  # when the first chunk left for the grace period may go
     stopped_early: bool = False
     seconds: float = 0.0
     deleted_keys: list[str] = field(default_factory=list, repr=False)
@@ -162,8 +171,11 @@ def live_leases(store: Store, now: float, lease_ttl: float, dry_run: bool) -> tu
 
 def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: bool = False,
                     now: Callable[[], float] = _now,
-                    progress: Callable[[str, int, int], Any] | None = None) -> GcReport:
-    """One sweep over ``store`` (see module docstring). Returns a report with bytes reclaimed."""
+                    progress: Callable[[str, int, int], Any] | None = None,
+                    only: Mapping[str, int] | None = None) -> GcReport:
+    """One sweep over ``store`` (see module docstring). Returns a report with bytes reclaimed.
+    ``only``: sweep just these chunk keys (key -> stored bytes), without the grace period
+    (``reclaim_released``)."""
     opts = options or GcOptions()
     t0 = now()
     report = GcReport(dry_run=dry_run)
@@ -174,8 +186,10 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     if not dry_run:
         beat.start()  # (1) the marker is written before any listing, then kept alive
     try:
-        chunks = ChunkStore(store)
-        present = {key: (size, mtime) for key, size, mtime in chunks.list_keys()}  # (2)
+        if only is None:
+            present = {key: (size, mtime) for key, size, mtime in ChunkStore(store).list_keys()}  # (2)
+        else:  # released by a committed manifest's deletion: no grace (see module docstring)
+            present = {key: (size, float("-inf")) for key, size in only.items()}
         report.chunks = len(present)
         report.chunk_bytes = sum(s for s, _ in present.values())
         if progress:
@@ -187,7 +201,8 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
         refs, report.manifests, report.jobs = referenced_chunks(store, ignore_unreadable=opts.ignore_unreadable)
         # A save may write chunks after the chunk listing and commit before the manifest
         # listing: its newest chunks look missing. Confirm with a HEAD before reporting.
-        report.missing = sum(1 for key in refs - present.keys() if not store.exists(key))
+        if only is None:
+            report.missing = sum(1 for key in refs - present.keys() if not store.exists(key))
         refs |= leased
         refs |= {replica_key(k) for k in refs}  # a replica lives exactly as long as its primary
         cutoff = t0 - opts.grace  # type: ignore[operator]
@@ -200,6 +215,10 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
             report.unreferenced += 1
             if mtime is None or mtime >= cutoff:
                 report.too_young += 1
+                report.too_young_bytes += size
+                if mtime is not None:
+                    ends = mtime + opts.grace  # type: ignore[operator]
+                    report.next_reclaim_at = ends if report.next_reclaim_at is None else min(report.next_reclaim_at, ends)
                 continue
             victims.append((key, size))
         if dry_run:
@@ -218,6 +237,20 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
                 log.warning("gc: could not expire old sweep markers: %s", exc)
     log.info("gc of %s: %d chunks, %d referenced, deleted %d (%.1f MB)%s", store.url, report.chunks,
              report.referenced, report.deleted, report.bytes_reclaimed / 1e6, " [dry run]" if dry_run else "")
+    return report
+
+
+def reclaim_released(store: Store, released: Mapping[str, int], options: GcOptions | None = None) -> GcReport:
+    """Delete now, in each tier of ``store``, the chunks of ``released`` (key -> stored bytes:
+    what deleted manifests named) that no manifest or lease references any more."""
+    opts = options or GcOptions()
+    report = GcReport(dry_run=False)
+    for tier in store.tiers():
+        rep = collect_garbage(tier, opts, only={k: n for k, n in released.items() if tier.exists(k)})
+        report.deleted += rep.deleted
+        report.bytes_reclaimed += rep.bytes_reclaimed
+        report.referenced += rep.referenced
+        report.deleted_keys += rep.deleted_keys
     return report
 
 
@@ -249,5 +282,5 @@ def _expire_markers(store: Store, now: float, ttl: float) -> None:
             store.delete(m.key)
 
 
-__all__ = ["GcOptions", "GcReport", "collect_garbage", "lease_expiry", "live_leases", "referenced_chunks",
+__all__ = ["GcOptions", "GcReport", "collect_garbage", "reclaim_released", "lease_expiry", "live_leases", "referenced_chunks",
            "sweep_markers", "LEASES", "LEASE_RENEW_S", "MIN_LEASE_TTL_S", "SWEEPS"]

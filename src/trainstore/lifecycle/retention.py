@@ -17,8 +17,10 @@ number (``LatestN(3)`` keeps it until the new lineage has three newer steps; ``W
 for a week), never counted against the lineage's own checkpoints.
 
 ``plan_retention`` decides without touching the store (a dry run: each decision carries its
-reasons); ``apply_retention`` deletes (manifest first, so a checkpoint disappears atomically;
-its chunks are left to ``gc``). A rule that would delete every checkpoint of a job is refused
+reasons); ``apply_retention`` deletes (manifest first, so a checkpoint disappears atomically),
+removes the emptied step folders of a local store, and reclaims in the same pass the chunks
+only the deleted checkpoints named (``gc.reclaim_released``: the gc protocol, so a chunk
+another job, a reader's or a copy's lease still needs stays); the rest is left to ``gc``. A rule that would delete every checkpoint of a job is refused
 with ``ConfigError`` unless ``allow_delete_all=True``. ``now`` is injectable, so tests
 control the clock.
 """
@@ -33,7 +35,7 @@ from typing import Any
 
 from ..checkpoint import manifest as mf
 from ..checkpoint.layout import list_abandoned
-from ..checkpoint.lineage import load_abandoned, run_of
+from ..checkpoint.lineage import load_abandoned, prune_empty_dirs, run_of
 from ..errors import (
     ConfigError,
     ManifestError,
@@ -42,6 +44,7 @@ from ..errors import (
     TrainstoreError,
 )
 from ..store.base import Store
+from .gc import reclaim_released
 from .registry import Registry
 from .retention_rules import (
     AllOf,
@@ -140,6 +143,7 @@ class Decision:
     stored_bytes: int = 0
     run: str | None = None
     abandoned_key: str | None = None  # set for a step a rollback left behind (its manifest's key)
+    chunks: tuple[tuple[str, int], ...] = field(default=(), repr=False, compare=False)  # (key, stored bytes)
 
     def to_json(self) -> dict:
         return {"step": self.step, "kind": self.kind, "created": self.created, "keep": self.keep,
@@ -156,6 +160,7 @@ class RetentionPlan:
     now: float
     decisions: list[Decision] = field(default_factory=list)
     applied: bool = False
+    reclaimed_bytes: int = 0  # chunk bytes the deletions released and this pass deleted
 
     @property
     def kept(self) -> list[Decision]:
@@ -167,6 +172,7 @@ class RetentionPlan:
 
     def to_json(self) -> dict:
         return {"job": self.job, "policy": describe(self.policy), "now": self.now, "applied": self.applied,
+                "reclaimed_bytes": self.reclaimed_bytes,
                 "kept": len(self.kept), "deleted": len(self.deleted),
                 "decisions": [d.to_json() for d in self.decisions]}
 
@@ -239,7 +245,7 @@ def plan_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, no
         if not keep:
             why = [f"matches no keep rule: {m.kind}, age {format_duration(view.age(m))}; {rule.miss(m, view)}"]
         plan.decisions.append(Decision(m.step, m.kind, m.created, keep, tuple(dict.fromkeys(why)), m.stored_bytes,
-                                       run_of(m)))
+                                       run_of(m), None, _chunks(m)))
     plan.decisions.extend(_abandoned_decisions(store, job, rule, view))
     for s in unreadable:
         log.warning("retention: step %d of job %r has an unreadable manifest; left for inspection", s, job)
@@ -269,17 +275,24 @@ def _abandoned_decisions(store: Store, job: str, rule: Rule, view: RetentionView
         reasons = [prefix + r for r in why] if why else \
             [prefix + f"matches no keep rule in place of step {step}: {m.kind}, age "
              f"{format_duration(alone.age(m))}; {rule.miss(m, alone)}"]
-        out.append(Decision(step, m.kind, m.created, bool(why), tuple(dict.fromkeys(reasons)), m.stored_bytes, run, key))
+        out.append(Decision(step, m.kind, m.created, bool(why), tuple(dict.fromkeys(reasons)), m.stored_bytes, run, key,
+                            _chunks(m)))
     return out
+
+
+def _chunks(m: mf.Manifest) -> tuple[tuple[str, int], ...]:
+    return tuple((r.key("chunks"), r.stored) for r in mf.manifest_refs(m))
 
 
 def delete_abandoned(store: Store, key: str) -> int:
     """Remove one abandoned checkpoint (its manifest first, then its advisory records)."""
     store.delete(key)
     n = 1
-    for meta in list(store.list(key.rsplit("/", 1)[0] + "/")):
+    run_dir = key.rsplit("/", 1)[0] + "/"
+    for meta in list(store.list(run_dir)):
         store.delete(meta.key)
         n += 1
+    prune_empty_dirs(store, [run_dir, run_dir.rsplit("/", 2)[0] + "/"])
     return n
 
 
@@ -291,18 +304,22 @@ def delete_checkpoint(store: Store, job: str, step: int) -> int:
     for meta in list(store.list(mf.step_prefix(job, step))):
         store.delete(meta.key)
         n += 1
+    prune_empty_dirs(store, [mf.step_prefix(job, step)])
     return n
 
 
 def apply_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, dry_run: bool = False,
                     now: float | None = None, protected: dict[int, str] | None = None,
                     on_delete: Callable[[Decision], Any] | None = None,
-                    cache: ManifestCache | None = None, allow_delete_all: bool | None = None) -> RetentionPlan:
-    """Plan, then (unless ``dry_run``) delete what the plan drops. Returns the plan."""
+                    cache: ManifestCache | None = None, allow_delete_all: bool | None = None,
+                    reclaim: bool = True) -> RetentionPlan:
+    """Plan, then (unless ``dry_run``) delete what the plan drops and (``reclaim``) the chunks
+    only those checkpoints named (see module docstring). Returns the plan."""
     plan = plan_retention(store, job, policy, now=now, protected=protected, cache=cache,
                           allow_delete_all=allow_delete_all)
     if dry_run:
         return plan
+    deleted = []
     for d in plan.deleted:
         try:
             if d.abandoned_key is not None:
@@ -316,10 +333,31 @@ def apply_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, d
             continue
         log.info("retention: deleted %sstep %d of job %r (%s)", "abandoned " if d.abandoned_key else "", d.step, job,
                  d.reasons[0])
+        deleted.append(d)
         if on_delete is not None:
             on_delete(d)
     plan.applied = True
+    if reclaim and deleted:
+        plan.reclaimed_bytes = _reclaim(store, job, plan, deleted)
     return plan
+
+
+def _reclaim(store: Store, job: str, plan: RetentionPlan, deleted: list[Decision]) -> int:
+    """Sweep at once the chunks the deleted checkpoints named and no kept one of ``job`` does;
+    other jobs and live leases are checked by the sweep. A failure leaves them to ``gc``."""
+    kept = {k for d in plan.kept for k, _n in d.chunks}
+    released = {k: n for d in deleted for k, n in d.chunks if k not in kept}
+    if not released:
+        return 0
+    try:
+        report = reclaim_released(store, released)
+    except TrainstoreError as exc:
+        log.warning("retention: could not reclaim the %d chunks released in job %r now (left to gc): %s",
+                    len(released), job, exc)
+        return 0
+    log.info("retention: reclaimed %d chunks (%.1f MB) of job %r; %d still referenced elsewhere", report.deleted,
+             report.bytes_reclaimed / 1e6, job, len(released) - report.deleted)
+    return report.bytes_reclaimed
 
 
 def retention_hook(policy: Rule | RetentionPolicy) -> Callable[[Any, Any], None]:
