@@ -1,5 +1,6 @@
 """Durable local-file helpers shared by every part that writes files itself: the local
-store, the ingest WAL, the node cache.
+store, the ingest WAL, the node cache, exports, reports. Every temp file is made by
+``create_temp`` (exclusive, unpredictable name, beside its target).
 
 Neutral ground (it imports only ``errors``), so none of them reaches into another's module
 for them.
@@ -7,9 +8,12 @@ for them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import secrets
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -69,6 +73,75 @@ def io_error(exc: OSError, what: str) -> StoreError:
     return StoreError(f"I/O error while {what}: {exc}")
 
 
+#: Every temp file and folder trainstore creates starts with this (listings and sweeps skip it).
+TEMP_PREFIX = ".tmp."
+
+
+def _temp_path(directory: str, name: str) -> str:
+    """``directory/.tmp.<128-bit random hex>[.<name>]``: unpredictable, short (NAME_MAX is 255)."""
+    token = secrets.token_hex(16)
+    return os.path.join(directory, f"{TEMP_PREFIX}{token}.{name[:64]}" if name else f"{TEMP_PREFIX}{token}")
+
+
+def create_temp(directory: str, name: str = "", *, flags: int = 0, mode: int = 0o666) -> tuple[int, str]:
+    """A new, empty temp file in ``directory``: (fd open for reading and writing, path).
+
+    The one way trainstore makes temp files. The name is unpredictable (``_temp_path``) and the
+    file is created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``): never an existing file, nor
+    a symlink planted to redirect the write. ``flags`` adds open flags (``O_DIRECT``); ``mode``
+    is masked by the umask, as ``open()`` does."""
+    path = _temp_path(directory, name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # a flag the filesystem refuses (O_DIRECT): some create the file first
+            unlink_quietly(path)
+        raise
+    return fd, path
+
+
+def create_temp_dir(parent: str, name: str = "") -> str:
+    """A new, empty temp folder in ``parent`` (``mkdir`` is exclusive and follows no symlink)."""
+    path = _temp_path(parent, name)
+    os.mkdir(path)
+    return path
+
+
+@contextlib.contextmanager
+def replacing(path: str, *, durable: bool = True) -> Iterator[str]:
+    """Write ``path`` whole or not at all: yields the path of a new temp file beside it
+    (``create_temp``) for the caller - or a library that wants a file name - to fill; on
+    success it is fsynced (``durable``) and renamed over ``path``, and the directory fsynced;
+    on an error it is removed and ``path`` is untouched."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = create_temp(directory, os.path.basename(path))
+    os.close(fd)
+    try:
+        yield tmp
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    if durable:
+        fsync_dir(directory)
+
+
+def write_atomic(path: str, data: Buffer | str, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` (str: UTF-8) whole or not at all (``replacing``)."""
+    with replacing(path, durable=durable) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            write_all(fd, data.encode() if isinstance(data, str) else data)
+        finally:
+            os.close(fd)
+
+
 def unlink_quietly(path: str) -> None:
     """Remove ``path``; a missing file is not an error."""
     try:
@@ -77,5 +150,6 @@ def unlink_quietly(path: str) -> None:
         pass
 
 
-__all__ = ["DIRECT_ALIGN", "DIRECT_MIN_BYTES", "Buffer", "direct_eligible", "fsync_dir", "io_error",
-           "unlink_quietly", "write_all", "write_direct"]
+__all__ = ["DIRECT_ALIGN", "DIRECT_MIN_BYTES", "TEMP_PREFIX", "Buffer", "create_temp", "create_temp_dir",
+           "direct_eligible", "fsync_dir", "io_error", "replacing", "unlink_quietly", "write_all", "write_atomic",
+           "write_direct"]

@@ -14,6 +14,7 @@ import time
 from html import escape
 
 from ..errors import ConfigError, NotFoundError
+from ..fileio import write_atomic
 from ..store import Store
 from .context import RUN_FORMAT, RUN_KEY
 from .summary import compute_summary, summary_rows
@@ -156,10 +157,7 @@ def write_report(run: dict, path: str) -> str:
     html = render_html(run)
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(html)
-    os.replace(tmp, path)
+    write_atomic(path, html)
     return path
 
 

@@ -28,6 +28,7 @@ from ..checkpoint.reader import load_state
 from ..checkpoint.state import flatten
 from ..chunks import ChunkStore
 from ..errors import AlreadyExistsError, ConfigError, NotFoundError, StoreError
+from ..fileio import create_temp_dir, replacing, write_atomic
 from ..store.base import Store
 
 CASTS = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", None: None}
@@ -94,20 +95,14 @@ def write_safetensors(leaves: dict[str, Any], path: str | os.PathLike[str], *, j
     path = os.fspath(path)
     meta = {"trainstore.job": job, "trainstore.step": str(step), "trainstore.cast": CASTS[dtype] or "none",
             **(metadata or {})}
-    tmp = f"{path}.tmp.{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
+        with replacing(path) as tmp:  # exclusive temp file beside the target, then rename
+            save_file(tensors, tmp, metadata=meta)
         digest = _sha256(path)
-        with open(f"{path}.sha256.tmp", "w") as f:
-            f.write(f"{digest}  {os.path.basename(path)}\n")
-        os.replace(f"{path}.sha256.tmp", f"{path}.sha256")
+        write_atomic(f"{path}.sha256", f"{digest}  {os.path.basename(path)}\n")
     except OSError as exc:
         raise StoreError(f"cannot write {path}: {exc}") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return ExportResult(path, f"{path}.sha256", digest, len(tensors), os.path.getsize(path), CASTS[dtype],
                         job, step)
 
@@ -216,10 +211,11 @@ def write_safetensors_folder(leaves: dict[str, Any], folder: str | os.PathLike[s
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total, **{k: v for k, v in meta.items() if k != "format"}},
              "weight_map": {k: names[i] for i, group in enumerate(groups) for k in group}}
-    tmp = f"{folder}.tmp-{os.getpid()}"
     digests: dict[str, str] = {}
+    tmp = ""
     try:
-        os.makedirs(tmp)
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        tmp = create_temp_dir(os.path.dirname(folder), os.path.basename(folder))
         for fname, group in zip(names, groups):
             save_file({k: tensors[k] for k in group}, os.path.join(tmp, fname), metadata=meta)
         extra = {INDEX_NAME: (json.dumps(index, indent=2, sort_keys=True) + "\n").encode(), **(files or {})}
@@ -239,7 +235,7 @@ def write_safetensors_folder(leaves: dict[str, Any], folder: str | os.PathLike[s
     except OSError as exc:
         raise StoreError(f"cannot write export folder {folder}: {exc}") from exc
     finally:
-        if os.path.isdir(tmp):
+        if tmp and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return FolderExportResult(folder, os.path.join(folder, INDEX_NAME), os.path.join(folder, SUMS_NAME),
                               tuple(names), digests, len(tensors), total, CASTS[dtype], job, step)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import secrets
 import time
 
 import blake3
 
 from ..errors import ConfigError
-from ..fileio import write_all
+from ..fileio import TEMP_PREFIX, create_temp, write_all
 
 #: Prefix of temp files in the cache directory (never served, removed at start-up).
-TMP_PREFIX = ".tmp."
+TMP_PREFIX = TEMP_PREFIX
 _COPY_BLOCK = 8 << 20
 
 
@@ -100,8 +99,7 @@ def temp_file_beside(path: str) -> tuple[int, str]:
     """A new exclusive temp file in ``path``'s directory (created if needed): (fd, its path)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{secrets.token_hex(8)}")
-    return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
+    return create_temp(directory, mode=0o644)
 
 
 def touch(path: str) -> None:

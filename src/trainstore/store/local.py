@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import stat
 import threading
 import time
@@ -30,10 +29,17 @@ from ..errors import (
     InvalidKeyError,
     NotFoundError,
 )
-from ..fileio import direct_eligible, fsync_dir, io_error, unlink_quietly, write_all, write_direct
+from ..fileio import (
+    TEMP_PREFIX,
+    create_temp,
+    direct_eligible,
+    fsync_dir,
+    io_error,
+    unlink_quietly,
+    write_all,
+    write_direct,
+)
 from .base import Buffer, ObjectMeta, Store, StoreCapabilities, validate_key, validate_prefix
-
-TEMP_PREFIX = ".tmp."
 
 
 class LocalStore(Store):
@@ -53,7 +59,8 @@ class LocalStore(Store):
         self._direct_refused: set[str] = set()  # directories whose filesystem refused O_DIRECT
         self.url = "file://" + self.root
         if os.path.exists(self.root) and not os.path.isdir(self.root):
-            raise ConfigError(f"store root {self.root} exists and is not a directory")
+            raise ConfigError(f"store root {self.root} is a file, not a directory: a store (or a dataset to "
+                              f"serve) is a folder; pass the folder that holds it, {os.path.dirname(self.root)}")
         if not create and not os.path.isdir(self.root):
             raise NotFoundError(f"no store directory at {self.root}")
         try:
@@ -110,17 +117,15 @@ class LocalStore(Store):
     def _write_temp(self, path: str, data: Buffer, key: str) -> str:
         directory = os.path.dirname(path)
         self._ensure_dir(directory, key)
-        # The temp name stays short (NAME_MAX is 255) and is unique per writer.
-        tmp = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(8)}.{os.path.basename(path)[:64]}")
         direct = (self.fsync and self.direct_io and directory not in self._direct_refused
                   and direct_eligible(data))
         try:
-            fd = self._open_temp(tmp, directory, direct)
+            fd, tmp = self._open_temp(directory, os.path.basename(path), direct)
         except FileNotFoundError:  # the directory was removed behind our back: recreate it
             with self._dirs_lock:
                 self._known_dirs.discard(directory)
             self._ensure_dir(directory, key)
-            fd = self._open_temp(tmp, directory, direct)
+            fd, tmp = self._open_temp(directory, os.path.basename(path), direct)
         try:
             direct = direct and directory not in self._direct_refused
             if direct:
@@ -136,16 +141,16 @@ class LocalStore(Store):
         os.close(fd)
         return tmp
 
-    def _open_temp(self, tmp: str, directory: str, direct: bool) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    def _open_temp(self, directory: str, name: str, direct: bool) -> tuple[int, str]:
+        """(fd, path) of a new exclusive temp file beside the object (``fileio.create_temp``)."""
         if direct:
             try:
-                return os.open(tmp, flags | os.O_DIRECT, 0o644)
+                return create_temp(directory, name, flags=os.O_DIRECT, mode=0o644)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 self._direct_refused.add(directory)  # this filesystem has no O_DIRECT: buffered from now on
-        return os.open(tmp, flags, 0o644)
+        return create_temp(directory, name, mode=0o644)
 
     def _write_direct(self, fd: int, data: Buffer, directory: str) -> None:
         """``write_direct``; a filesystem that accepts the open but refuses the write

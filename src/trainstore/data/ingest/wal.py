@@ -35,7 +35,7 @@ import filelock
 import pyarrow as pa
 
 from ...errors import ConfigError, StoreError
-from ...fileio import fsync_dir, io_error, write_all
+from ...fileio import fsync_dir, io_error, write_all, write_atomic
 from ..versions import ShardInfo
 
 MAGIC = b"TSW1"
@@ -125,13 +125,7 @@ class WriteAheadLog:
                 )
             return str(meta["wal_id"])
         wal_id = secrets.token_hex(6)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"store": store_url, "dataset": dataset, "wal_id": wal_id}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(self.dir)
+        write_atomic(path, json.dumps({"store": store_url, "dataset": dataset, "wal_id": wal_id}))
         return wal_id
 
     # -- segments --------------------------------------------------------------------------
@@ -271,15 +265,9 @@ class WriteAheadLog:
         A marker line keeps ``high_seq`` so segment numbers (and so shard names) are never
         reused.
         """
-        tmp = self._journal + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(json.dumps({"seq": high_seq, "marker": True}) + "\n")
-            for seq, info in keep:
-                f.write(json.dumps({"seq": seq, **asdict(info)}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._journal)
-        fsync_dir(self.dir)
+        lines = [json.dumps({"seq": high_seq, "marker": True})]
+        lines += [json.dumps({"seq": seq, **asdict(info)}) for seq, info in keep]
+        write_atomic(self._journal, "".join(line + "\n" for line in lines))
 
     def close(self) -> None:
         self.close_segment()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 
 from ...chunks import content_hash
 from ...errors import ConfigError, SchemaError
+from ...fileio import create_temp, create_temp_dir
 from ...store import Store, open_store
 from ..layouts import PARQUET
 from ..leases import run_lease
@@ -104,7 +106,7 @@ class _ShardWriter:
     def __init__(self, store: Store, prefix: str, schema: pa.Schema, config: CleanConfig, tmp_dir: str):
         self.store, self.schema, self.config = store, schema, config
         self.prefix = prefix
-        self.tmp = os.path.join(tmp_dir, f"{secrets.token_hex(8)}.parquet")
+        self.tmp_dir, self.tmp = tmp_dir, ""
         self.shards: list[ShardInfo] = []
         self._writer: pq.ParquetWriter | None = None
         self._rows = 0
@@ -114,6 +116,8 @@ class _ShardWriter:
         start = 0
         while start < table.num_rows:
             if self._writer is None:
+                fd, self.tmp = create_temp(self.tmp_dir, "shard.parquet")  # exclusive, unpredictable
+                os.close(fd)
                 self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.config.compression,
                                                 write_page_checksum=True)  # range readers verify pages
             piece = table.slice(start, self.config.shard_rows - self._rows)
@@ -212,7 +216,8 @@ def _source_relation(store: Store, source: DatasetVersion, config: CleanConfig, 
             _view_over_files(con, source, local)  # type: ignore[arg-type]
             yield con
         return
-    db = os.path.join(tmp_dir, f"src-{secrets.token_hex(8)}.duckdb")
+    db_dir = create_temp_dir(tmp_dir, "duckdb")  # exclusive: DuckDB never opens a planted database
+    db = os.path.join(db_dir, "src.duckdb")
     try:
         with contextlib.closing(_connect(config, cache_dir, db)) as con:
             for i, info in enumerate(source.shards):
@@ -224,9 +229,7 @@ def _source_relation(store: Store, source: DatasetVersion, config: CleanConfig, 
             con.execute("CREATE TEMP VIEW src AS SELECT * FROM src_rows")
             yield con
     finally:
-        for leftover in (db, db + ".wal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
+        shutil.rmtree(db_dir, ignore_errors=True)
 
 
 def _quote(text: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from ...errors import ConfigError, NotFoundError, TrainstoreError
+from ...fileio import create_temp
 from ...store import LocalStore, Store, open_store
 from ..layouts import PARQUET, get_layout
 from ..shardio import default_cache_dir, file_checksum, local_shard
@@ -124,7 +124,8 @@ def run_shard(task: ShardTask, fn: Callable[..., Any] | None = None) -> dict:
         fn = fn or task_fn(task)
         tmp_dir = os.path.join(task.cache_dir or default_cache_dir(), "transform-tmp")
         os.makedirs(tmp_dir, exist_ok=True)
-        tmp = os.path.join(tmp_dir, f"{secrets.token_hex(8)}.arrow")
+        fd, tmp = create_temp(tmp_dir, "shard.arrow")  # exclusive, unpredictable
+        os.close(fd)
         try:
             rows, schema = _stream(store, task, fn, tmp)
             if isinstance(rows, str):
