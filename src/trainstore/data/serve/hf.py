@@ -16,9 +16,9 @@ from contextlib import AbstractContextManager
 
 import pyarrow as pa
 
-from ...errors import IntegrityError, NotFoundError
+from ...errors import IntegrityError, InvalidKeyError, NotFoundError
 from ...nodecache import source_tag
-from ...store import ObjectMeta, Store
+from ...store import ObjectMeta, Store, validate_key
 from ..layouts import ARROW_STREAM
 from ..versions import ShardInfo
 
@@ -34,20 +34,43 @@ def is_hf_folder(keys: set[str]) -> bool:
     return STATE_FILE in keys or INFO_FILE in keys
 
 
-def hf_data_files(store: Store, sizes: dict[str, ObjectMeta]) -> list[str]:
-    """The folder's data files in order (``state.json``'s ``_data_files``, else by name)."""
-    if STATE_FILE in sizes:
+def hf_data_files(store: Store, listed: dict[str, ObjectMeta]) -> list[str]:
+    """The folder's data files in order (``state.json``'s ``_data_files``, else by name);
+    ``IntegrityError`` naming ``state.json`` if it is not a state file listing files of the folder."""
+    if STATE_FILE in listed:
         where = f"{store.url}/{STATE_FILE}"
         try:
             state = json.loads(bytes(store.get(STATE_FILE)))
-            files = [f["filename"] for f in state["_data_files"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(f"{where}: not a Hugging Face datasets state file ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested past the parser
+            raise IntegrityError(f"{where}: not a Hugging Face datasets state file: not JSON "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})") from None
+        files = _listed_files(state, where)
         for name in files:
-            if name not in sizes:
+            if name not in listed:
                 raise NotFoundError(f"{where} lists {name!r}, which is not in {store.url}")
         return files
-    return sorted(k for k in sizes if _DATA_FILE.match(k))
+    return sorted(k for k in listed if _DATA_FILE.match(k))
+
+
+def _listed_files(state: object, where: str) -> list[str]:
+    """``state["_data_files"][i]["filename"]``, each a store key, none twice, at least one."""
+    entries = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise IntegrityError(f"{where}: not a Hugging Face datasets state file (needs a non-empty "
+                             f"'_data_files' list, got {str(entries)[:80]!r})")
+    files: list[str] = []
+    for entry in entries:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise IntegrityError(f"{where}: entry {str(entry)[:80]!r} of '_data_files' has no 'filename' string")
+        try:
+            validate_key(name)
+        except InvalidKeyError as exc:
+            raise IntegrityError(f"{where}: data file {name[:80]!r} is not a file of the folder ({exc})") from None
+        if name in files:
+            raise IntegrityError(f"{where}: lists data file {name!r} twice")
+        files.append(name)
+    return files
 
 
 def describe_hf(store: Store, listed: dict[str, ObjectMeta],

@@ -91,6 +91,9 @@ class OpenShard:
         self.users = 0
         try:
             batches = layout.open(path).batches()
+            if not info.checksum:  # an external file, not hash-checked: its buffers must not be trusted
+                for b in batches:
+                    b.validate(full=True)
         except (pa.ArrowException, OSError) as exc:  # an external file has no checksum to catch it earlier
             raise IntegrityError(f"shard {info.key}: not a readable {layout.title} file ({exc})") from None
         rows = sum(b.num_rows for b in batches)
