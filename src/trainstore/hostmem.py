@@ -7,7 +7,8 @@ whose 2 MiB-aligned interior is ``madvise(MADV_HUGEPAGE)``-d, so one fault maps 
 (transparent huge pages in ``madvise`` mode; with THP off or unsupported it is plain pages,
 nothing else changes). It starts 4 KiB-aligned, so slots at 4 KiB offsets are ready for
 ``O_DIRECT``; it is pinned for CUDA when CUDA is present (``cudaHostRegister`` keeps the
-huge pages; ``torch.empty(pin_memory=True)`` would not), and it can be pre-touched in a
+huge pages; ``torch.empty(pin_memory=True)`` would not; ``pin()`` pins later, e.g. on a
+thread once the buffer is known to be reused), and it can be pre-touched in a
 background thread (``MADV_POPULATE_WRITE`` through ``ctypes``, which releases the GIL and
 leaves the contents alone).
 
@@ -126,6 +127,14 @@ class HostBuffer:
         self._touch_error: BaseException | None = None
         self._toucher: threading.Thread | None = None
 
+    def pin(self) -> bool:
+        """Register with CUDA now, if not yet (``cudaHostRegister`` faults every page in and
+        locks it: ~1.2 s for 4 GiB on an H200 machine, docs/benchmarks.md "GPU"); False when
+        CUDA is unavailable or refused (the buffer stays plain memory)."""
+        if not self.pinned and _cuda_available():
+            self._pin()
+        return self.pinned
+
     def _pin(self) -> None:
         err = torch.cuda.cudart().cudaHostRegister(self.address, max(self.nbytes, 1), 0)
         if int(err) != 0:
@@ -229,8 +238,11 @@ class HostBuffer:
             self.pinned = False
 
 
-def empty_tensor(shape: tuple[int, ...], dtype: Any, *, huge_pages: bool = True, pin: bool | None = None) -> Any:
-    """A fresh torch tensor of ``shape``/``dtype`` on its own ``HostBuffer`` (restore targets)."""
+def empty_tensor(shape: tuple[int, ...], dtype: Any, *, huge_pages: bool = True, pin: bool | None = False) -> Any:
+    """A fresh torch tensor of ``shape``/``dtype`` on its own ``HostBuffer`` (restore targets).
+
+    Not pinned by default: memory copied to a GPU once is not worth pinning (registering 4 GiB
+    took 1.2 s on an H200 machine; one pageable copy of it 0.55 s, a pinned one 0.08 s)."""
     if torch is None:  # pragma: no cover
         raise ConfigError("empty_tensor needs torch")
     itemsize = torch.empty((), dtype=dtype).element_size()
