@@ -22,7 +22,7 @@ the manifest (``legacy-<hash>`` for manifests written before run ids).
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import AlreadyExistsError, ConfigError
 from ..naming import check_name
 from ..store.base import Store
 
@@ -35,6 +35,14 @@ ABANDONED = "abandoned"
 def check_job(job: str) -> str:
     """Return ``job`` if it is a valid job name, else raise ``ConfigError``."""
     return check_name(job, "job name")
+
+
+def step_exists(job: str, step: int, url: str) -> AlreadyExistsError:
+    """The error for saving a step that this run saved already, with the ways to continue."""
+    return AlreadyExistsError(
+        f"checkpoint step {step} of job {job!r} already exists in {url} (saved earlier in this run). "
+        "To continue: save a later step; to redo from an earlier step, restore it first (the steps after "
+        "it are kept under abandoned/); or save under a new job name")
 
 
 def check_step(step: object) -> int:
@@ -111,5 +119,5 @@ def list_jobs(store: Store, *, abandoned: bool = False) -> list[str]:
 
 __all__ = [
     "ABANDONED", "abandoned_key", "abandoned_prefix", "list_abandoned", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "check_job", "check_step", "checkpoints_prefix",
-    "job_prefix", "list_jobs", "list_steps", "manifest_key", "step_prefix", "verify_key",
+    "job_prefix", "list_jobs", "step_exists", "list_steps", "manifest_key", "step_prefix", "verify_key",
 ]

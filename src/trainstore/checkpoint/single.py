@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ..errors import AlreadyExistsError, TrainstoreError
-from . import lease, lossy, manifest as mf
+from ..errors import TrainstoreError
+from . import layout, lease, lossy, manifest as mf
 from .backend import SaveBackend, SaveContext
 from .manifest import ChunkEntry, Manifest, TensorEntry
 from .reader import load_into, load_state
@@ -42,7 +42,7 @@ class SingleProcessBackend(SaveBackend):
     def check_free(self, step: int) -> None:
         fast = self.ctx.store.tiers()[0]  # remote tiers are asked on the save thread (write)
         if fast.capabilities.local and fast.exists(mf.manifest_key(self.ctx.job, step)):
-            raise AlreadyExistsError(f"checkpoint step {step} of job {self.ctx.job!r} already exists in {fast.url}")
+            raise layout.step_exists(self.ctx.job, step, fast.url)
 
     def reserve(self, template: Any, background: bool) -> None:
         _offsets, total = plan_sizes(template_sizes(template))
@@ -68,7 +68,7 @@ class SingleProcessBackend(SaveBackend):
         started = time.time()
         try:
             if ctx.store.write_view().exists(mf.manifest_key(ctx.job, step)):  # the commit re-checks lower tiers
-                raise AlreadyExistsError(f"checkpoint step {step} of job {ctx.job!r} already exists in {ctx.store.url}")
+                raise layout.step_exists(ctx.job, step, ctx.store.url)
             base = self._base_for(kind, step)
             if kind == "incremental" and base is None:
                 log.info("step %d: no full checkpoint to diff against, saving a full checkpoint", step)

@@ -22,7 +22,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from ..checkpoint import layout
-from ..errors import NotFoundError, TrainstoreError
+from ..errors import CredentialsError, NotFoundError, TrainstoreError
 from ..store import Store, open_store
 
 # soft_wrap: a plain line is never broken by us (a path stays one line to copy); the terminal wraps it
@@ -122,7 +122,16 @@ class StoreFlags:
         ``create=True`` (only commands that write new content, like ``data ingest``): a
         mistyped path is ``NotFoundError``, not a new empty directory. ``read_only`` gives a
         view that refuses every write (``ls``, ``show``, ``stats``, ``models``)."""
-        store = open_store(url, **self.options(), create=create, **kwargs)
+        try:
+            store = open_store(url, **self.options(), create=create, **kwargs)
+        except CredentialsError:
+            if not str(url).startswith("s3://"):
+                raise
+            # the library's message names open_store's keyword arguments; the CLI has its own ways
+            raise CredentialsError(
+                f"no credentials for {url}: the CLI reads them from the environment; set AWS_ACCESS_KEY_ID "
+                "and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary ones), or a profile's web "
+                "identity (AWS_WEB_IDENTITY_TOKEN_FILE); --endpoint and --region choose the server") from None
         return store.with_read_only() if read_only else store
 
 

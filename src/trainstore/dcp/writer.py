@@ -34,13 +34,13 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter as _TorchStorageWriter, WriteResult
 from torch.futures import Future
 
-from ..checkpoint import lease, manifest as mf
+from ..checkpoint import layout, lease, manifest as mf
 from ..checkpoint.manifest import ChunkEntry, Manifest, TensorEntry
 from ..checkpoint.staging import Stager
 from ..checkpoint.writer import WriteOptions, WriteStats, write_tensors
 from ..chunks import ChunkStore
 from ..codecs import CodecConfig
-from ..errors import AlreadyExistsError, ConfigError, ManifestError, TrainstoreError
+from ..errors import ConfigError, ManifestError, TrainstoreError
 from ..store import open_store
 from ..store.base import Store
 from .coordination import (
@@ -208,7 +208,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         step = self.step
         if self.store.write_view().exists(mf.manifest_key(self.job, step)):  # type: ignore[union-attr]
-            raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} already exists in {self.store.url}")
+            raise layout.step_exists(self.job, step, self.store.url)
         kind, base = self.kind, None
         if kind == "incremental":
             base = find_base(self.store.write_view(), self.job, step)  # type: ignore[union-attr]  # as single.py

@@ -39,6 +39,23 @@ def _is_missing_bucket(exc: BaseException) -> bool:
     return "NoSuchBucket" in text or "bucket does not exist" in text.lower()
 
 
+_ORIGIN = re.compile(r"Error performing \w+ (https?://[^/\s?]+)")
+
+
+def _unreachable(text: str) -> str | None:
+    """``connection refused at http://host:port`` (or the host unknown) from an obstore error's
+    text, whose first line says only "Generic S3 error"; None when the server was reached."""
+    origin = _ORIGIN.search(text)
+    at = origin.group(1) if origin else "the endpoint"
+    if "ConnectionRefused" in text or "Connection refused" in text:
+        return f"connection refused at {at}"
+    if "dns error" in text or "failed to lookup address" in text:
+        return f"cannot resolve the host of {at}"
+    if "tcp connect error" in text or "kind: Connect," in text:
+        return f"cannot connect to {at}"
+    return None
+
+
 class ObjectStore(Store):
     """A ``Store`` over any obstore backend."""
 
@@ -76,6 +93,10 @@ class ObjectStore(Store):
         if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied")) \
                 or _FORBIDDEN.search(text):
             return CredentialsError(f"{action} {where} was refused: {msg}")
+        unreachable = _unreachable(text)
+        if unreachable:
+            return StoreUnavailableError(f"{unreachable} ({action} {where}): check the endpoint (--endpoint, "
+                                         "endpoint= or AWS_ENDPOINT_URL) and that the server is running")
         if isinstance(exc, oe.GenericError) or "error sending request" in text or "timed out" in text:
             return StoreUnavailableError(f"{action} {where} failed after retries: {msg}")
         return StoreError(f"{action} {where} failed: {msg}")
