@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..checkpoint import manifest as mf
+from ..checkpoint import layout, manifest as mf
 from ..errors import ConfigError
 from .common import (
     JobOpt,
@@ -213,10 +213,14 @@ def tier(hot: str, job: str = JobOpt, durable: str = typer.Option(..., "--durabl
 @handle_errors
 @with_store_flags
 def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
-    """Checkpoint frequency, storage used, restore count and recovery success rate of a job."""
+    """Checkpoint frequency, storage used, saves, verifications and restores of a job.
+
+    Saves and verifications come from what the store holds (manifests, verify records);
+    timings, failures and restores from the stats files of processes that ran with a
+    ``CheckpointMetrics(store=...)`` observer (``ckpt restore`` is one), else "not recorded"."""
     from ..lifecycle.metrics import load_stats
 
-    store = flags.open(url)
+    store = flags.open(url, read_only=True)
     manifests = [m for m in mf.list_manifests(store, job) if isinstance(m, mf.Manifest)]
     if not manifests and not list(store.list(mf.job_prefix(job))):
         raise not_found("job", job, mf.list_jobs(store), store)
@@ -226,11 +230,14 @@ def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, flags: StoreFla
     keys: set[str] = set()
     for m in manifests:
         keys |= mf.manifest_chunk_keys(m)
+    records = [r for r in (mf.load_verify_record(store, job, m.step, m) for m in manifests) if r is not None]
     counters = load_stats(store, job)
     restores = counters["restores"]
+    recorded = counters["processes"] > 0
     out = {
         "job": job, "checkpoints": len(manifests),
         "full": sum(m.kind == "full" for m in manifests), "incremental": sum(m.kind == "incremental" for m in manifests),
+        "saves": len(manifests), "abandoned": len(layout.list_abandoned(store, job)),
         "first": created[0] if created else None, "last": created[-1] if created else None,
         "median_interval_s": statistics.median(gaps) if gaps else None,
         "per_hour": (len(created) - 1) / ((created[-1] - created[0]) / 3600) if len(created) > 1 and created[-1] > created[0] else None,
@@ -238,6 +245,8 @@ def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, flags: StoreFla
         "stored_bytes": sum(sizes.get(k, 0) for k in keys),  # unique chunks this job references
         "missing_chunks": sum(1 for k in keys if k not in sizes),
         "store_chunk_bytes": sum(sizes.values()),
+        "verified": len(records), "verified_bad": sum(not r.ok for r in records),
+        "last_verified": max((r.checked_at for r in records), default=None),
         "saves_observed": counters["saves"], "save_failures": counters["save_failures"],
         "mean_blocking_s": counters["blocked_seconds"] / counters["saves"] if counters["saves"] else None,
         "mean_save_s": counters["save_seconds"] / counters["saves"] if counters["saves"] else None,
@@ -251,6 +260,8 @@ def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, flags: StoreFla
         return
     table = Table("", "value", title=f"{escape(store.url)} job {escape(job)}")
     ratio = out["stored_bytes"] / out["logical_bytes"] if out["logical_bytes"] else None
+    by = f"recorded by {int(counters['processes'])} process{'es' if counters['processes'] != 1 else ''}"
+    unrecorded = "not recorded (no process saved stats here: run with CheckpointMetrics(store=...) as an observer)"
     rows = [
         ("checkpoints", f"{out['checkpoints']} ({out['full']} full, {out['incremental']} incremental)"),
         ("first / last", f"{when(out['first'])} / {when(out['last'])}"),
@@ -258,11 +269,15 @@ def stats(url: str, job: str = JobOpt, json_out: bool = JsonOpt, flags: StoreFla
          f"every {out['median_interval_s']:,.1f}s (median), {out['per_hour'] or 0:,.1f}/hour"),
         ("storage used", f"{out['stored_bytes']:,} B stored for {out['logical_bytes']:,} B logical"
          + (f" (x{ratio:.3f})" if ratio is not None else "")),
-        ("saves observed", f"{int(out['saves_observed'])} ({int(out['save_failures'])} failed), blocking "
-         f"{secs(out['mean_blocking_s'])}, save {secs(out['mean_save_s'])} (mean)"),
-        ("restores", f"{int(restores)} ({int(out['restores_ok'])} ok, {int(out['fallbacks'])} checkpoints skipped)"),
+        ("saves", f"{out['saves']} committed" + (f", {out['abandoned']} abandoned by rollbacks" if out["abandoned"] else "")
+         + (f"; {int(out['save_failures'])} failed ({by})" if recorded else "")),
+        ("save time", f"blocking {secs(out['mean_blocking_s'])}, save {secs(out['mean_save_s'])} (mean of "
+         f"{int(out['saves_observed'])} saves {by})" if out["saves_observed"] else unrecorded),
+        ("restores", f"{int(restores)} ({int(out['restores_ok'])} ok, {int(out['fallbacks'])} checkpoints skipped; "
+         f"{by})" if recorded else unrecorded),
         ("recovery success rate", "-" if out["recovery_success_rate"] is None else f"{out['recovery_success_rate']:.1%}"),
-        ("verifications", f"{int(out['verifications'])} ({int(out['verify_failures'])} failed)"),
+        ("verifications", f"{out['verified']} of {out['checkpoints']} checkpoints verified ({out['verified_bad']} bad)"
+         + (f", last {when(out['last_verified'])}" if out["last_verified"] else "")),
     ]
     if out["missing_chunks"]:
         rows.append(("[red]missing chunks[/red]", str(out["missing_chunks"])))
