@@ -23,3 +23,28 @@ def load(rank: int, world: int, args: dict) -> dict:
         entry, report = restore_rank_state(mgr, 1, {"x": torch.zeros(3), "n": -1})
     return {"entry": None if entry is None else [entry["x"].tolist(), entry["n"]],
             "restored": report.restored, "moved_all": report.moved_all, "text": str(report)}
+
+
+def one_rank_fails_first(rank: int, world: int, args: dict) -> dict:
+    """Step 1 saves on both ranks; at step 2 rank 1 passes a bad state (refused before any
+    collective) and stays alive, so only the group timeout can end rank 0's wait."""
+    import time
+
+    with CheckpointManager(args["store"], "fail") as mgr:
+        mgr.save(1, {"w": torch.ones(4)}, kind="full")
+        mgr.wait()
+        if rank == 1:
+            try:
+                mgr.save(2, ["not", "a", "dict"])
+                err = None
+            except Exception as exc:  # noqa: BLE001 - reported
+                err = f"{type(exc).__name__}: {exc}"
+            time.sleep(args["linger"])
+            return {"error": err}
+        t0 = time.monotonic()
+        try:
+            mgr.save(2, {"w": torch.ones(4)}, kind="full")
+            mgr.wait()
+            return {"error": None, "type": None, "seconds": time.monotonic() - t0}
+        except Exception as exc:  # noqa: BLE001 - reported
+            return {"error": str(exc), "type": type(exc).__name__, "seconds": time.monotonic() - t0}

@@ -8,7 +8,9 @@ the only part on the training loop's clock - and the manager's save thread runs
 ``dcp.save`` with a ``trainstore.dcp.StorageWriter`` over a dedicated gloo process group (so
 checkpoint collectives never interleave with the training's own). Incremental or full is
 decided once, by the coordinator; ``on_busy`` is agreed by all ranks; a failure is raised on
-every rank, naming the failing rank. Hooks (retention, GC, tiering) run on the coordinator
+every rank, naming the failing rank; a rank that stops answering fails the others after the
+groups' timeout (``TRAINSTORE_CKPT_TIMEOUT_S``, ``coordination.group_timeout_s``), which their
+error names. Hooks (retention, GC, tiering) run on the coordinator
 only. Loading runs ``dcp.load`` (with the process group when distributed).
 """
 
@@ -33,7 +35,7 @@ from ..errors import (
     StoreUnavailableError,
     TrainstoreError,
 )
-from .coordination import describe_failure
+from .coordination import describe_failure, group_timeout, is_peer_failure, timeout_note
 from .reader import StorageReader
 from .writer import BaseCache, StorageWriter
 
@@ -59,10 +61,22 @@ class DcpBackend(SaveBackend):
     def _group(self, control: bool = False) -> Any:
         """Gloo groups (created collectively, once): one for the DCP collectives of the save
         thread, one for the caller thread's small agreements (``on_busy``, restore), so two
-        threads never issue collectives on the same group."""
+        threads never issue collectives on the same group. Their timeout: ``group_timeout``."""
         if self._groups is None:
-            self._groups = (dist.new_group(backend="gloo"), dist.new_group(backend="gloo"))
+            timeout = group_timeout()
+            self._groups = (dist.new_group(backend="gloo", timeout=timeout),
+                            dist.new_group(backend="gloo", timeout=timeout))
         return self._groups[1] if control else self._groups[0]
+
+    def _agree(self, values: torch.Tensor, what: str) -> None:
+        """``all_reduce(MAX)`` on the control group; a lost peer -> ``DistributedError`` naming the bound."""
+        try:
+            dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group(control=True))
+        except Exception as exc:
+            if not is_peer_failure(exc):
+                raise
+            raise DistributedError(f"{what}: another rank did not take part (died, failed before this call, or "
+                                   f"stopped responding; {timeout_note()}): {type(exc).__name__}: {exc}") from exc
 
     def check_state(self, state: Any) -> None:
         if not isinstance(state, dict):
@@ -71,7 +85,7 @@ class DcpBackend(SaveBackend):
 
     def agree_busy(self, busy_here: bool) -> bool:
         flag = torch.tensor([1 if busy_here else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group(control=True))  # one decision for all ranks
+        self._agree(flag, "starting a distributed checkpoint save")  # one on_busy decision for all ranks
         return bool(flag.item())
 
     def check_free(self, step: int) -> None:
@@ -103,7 +117,7 @@ class DcpBackend(SaveBackend):
         if distributed:  # the manager has settled its in-flight save: the save group is idle
             group = self._group()
             steps = torch.tensor([manifest.step, -manifest.step], dtype=torch.int64)
-            dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=self._group(control=True))
+            self._agree(steps, f"restoring distributed checkpoint step {manifest.step}")
             if steps[0].item() != -steps[1].item():  # never load different checkpoints on different ranks
                 raise ConfigError(f"ranks chose different checkpoints to restore (steps {-steps[1].item()}.."
                                   f"{steps[0].item()}); was a save committed by another job while restoring?")

@@ -9,18 +9,32 @@ Checkpoint ids (``dcp.save(..., checkpoint_id=...)``) name a step of a job in a 
 
 The coordinator decides the step's base full checkpoint (for incrementals) once, in
 ``prepare_global_plan``, and ships it to every rank inside the plans, so ranks never disagree.
+
+Checkpoint collectives run on gloo process groups of their own (``DcpBackend``), never on the
+training's (NCCL) group: a slow durable write cannot trip the training watchdog, and a
+checkpoint collective never interleaves with a training one. Their timeout bounds how long a
+rank waits for a peer that died or hangs: ``TRAINSTORE_CKPT_TIMEOUT_S`` seconds (default
+``DEFAULT_TIMEOUT_S``, 30 min, gloo's own default). It must exceed the slowest rank's write of
+one checkpoint (the ranks meet after writing). A rank's error inside a save reaches every
+rank at once (DCP gathers it); the timeout only bounds a rank that stops answering, and the
+errors it causes name it (``timeout_note``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 
 from ..checkpoint import manifest as mf
 from ..errors import ConfigError, DistributedError, TrainstoreError
 from ..naming import NAME_PATTERN
 from ..store.base import Store
+
+TIMEOUT_ENV = "TRAINSTORE_CKPT_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0
 
 _ID = re.compile(rf"^(?:trainstore:(?P<url>[^#]+)#)?(?:(?P<job>{NAME_PATTERN})@)?(?P<step>\d{{1,12}})$")
 
@@ -91,6 +105,39 @@ def find_base(store: Store, job: str, step: int) -> mf.Manifest | None:
     return None
 
 
+def group_timeout_s() -> float:
+    """Seconds a checkpoint collective waits for the other ranks (``TRAINSTORE_CKPT_TIMEOUT_S``)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds (the checkpoint process "
+                          f"group's timeout; unset for the default {DEFAULT_TIMEOUT_S:g} s)")
+    return value
+
+
+def group_timeout() -> timedelta:
+    return timedelta(seconds=group_timeout_s())
+
+
+def timeout_note() -> str:
+    """Names the bound in an error caused by a rank that stopped answering."""
+    return (f"the checkpoint process group waits {group_timeout_s():g} s for the other ranks "
+            f"({TIMEOUT_ENV}; raise it if one rank's write of a checkpoint can take longer)")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says a collective lost a peer (closed connection or timeout)."""
+    dist_error = getattr(_dist(), "DistError", None)
+    text = str(exc).lower()
+    return (dist_error is not None and isinstance(exc, dist_error)) or any(
+        w in text for w in ("connection closed", "connection reset", "timed out", "timeout"))
+
+
 def rank_error(rank: int, step: int | None, job: str, what: str, exc: BaseException) -> DistributedError:
     """The error a failing rank raises: names the rank, the checkpoint and the cause."""
     return DistributedError(f"rank {rank}: {what} of checkpoint step {step} (job {job!r}) failed: "
@@ -108,12 +155,8 @@ def describe_failure(exc: BaseException) -> str:
             parts.append(msg if msg.startswith(f"rank {rank}:") else f"rank {rank}: {type(err).__name__}: {msg}")
         return "; ".join(parts)
     msg = f"{type(exc).__name__}: {exc}"
-    dist_error = getattr(_dist(), "DistError", None)
-    text = str(exc).lower()
-    if (dist_error is not None and isinstance(exc, dist_error)) or any(
-            w in text for w in ("connection closed", "connection reset", "timed out", "timeout")):
-        msg = "a collective failed: another rank died or stopped responding " \
-              f"(within the process-group timeout): {msg}"
+    if is_peer_failure(exc):
+        msg = f"a collective failed: another rank died or stopped responding ({timeout_note()}): {msg}"
     return msg
 
 
@@ -163,4 +206,5 @@ def _dist():  # noqa: ANN202 - torch.distributed, imported lazily
 
 __all__ = ["CheckpointTarget", "parse_checkpoint_id", "full_checkpoint_id", "format_checkpoint_id",
            "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",
-           "rank_error", "describe_failure", "mark_written", "unfinished_ranks"]
+           "rank_error", "describe_failure", "mark_written", "unfinished_ranks", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S",
+           "group_timeout_s", "group_timeout", "timeout_note", "is_peer_failure"]

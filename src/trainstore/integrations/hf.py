@@ -24,11 +24,23 @@ unchanged (it skips the batches already trained in the epoch and restores the RN
 them), so the resumed run sees exactly the batches the uninterrupted run would. Only the
 ``trainer_state.json`` it reads is written, to a temporary folder; no weights touch local disk.
 
+Multi-process (``torchrun``/``accelerate launch``; DDP, or FSDP2 through accelerate's FSDP
+plugin with ``fsdp_version=2``): every rank saves, collectively, the sharded state of
+``integrations.hf_dist`` through the manager's ``dcp`` backend - under DDP the model and
+optimizer are written once across the ranks, under FSDP2 each rank writes its own shards; one
+manifest is committed after all ranks wrote. Each rank's RNG is kept under its own key
+(``integrations.ranks``). A resume loads model, optimizer and scheduler after the Trainer
+wrapped the model and built the optimizer (``_load_optimizer_and_scheduler``), resharded to
+the current world size (also 2 -> 1 and 2 -> 3); a rank whose RNG cannot move is said in
+``last_restore`` and logged. DeepSpeed and FSDP1 raise ``ConfigError`` (use FSDP2 or DDP). A
+checkpoint of another layout or framework (a single-process one under FSDP, an
+``AcceleratorCheckpoints`` one) is refused with a message saying which.
+
 The hooks are private ``Trainer`` methods (``_save_checkpoint``, ``_load_from_checkpoint``,
 ``_load_optimizer_and_scheduler``, ``_load_scaler``, ``_load_rng_state``), overridden in
 ``TrainstoreTrainerMixin`` so any ``Trainer`` subclass (TRL's included) can take it first in its
 bases. A callback cannot do this: it runs after the Trainer wrote its folder, and cannot
-feed a resume. Single process only (``world_size`` 1); ``trainer.checkpoints.wait()`` runs at
+feed a resume. ``trainer.checkpoints.wait()`` runs at
 the end of ``train`` so a background error is raised there, never lost.
 """
 
@@ -52,12 +64,24 @@ from ..checkpoint import CheckpointManager, RestoreResult, SaveHandle, capture_r
 from ..errors import ConfigError, NoCheckpointError
 from ..lifecycle.retention import retention_hook
 from ..lifecycle.retention_rules import AnyOf, BestN, LatestN, Rule
+from .hf_dist import (
+    FORMAT_KEY,
+    check_engine,
+    check_layout,
+    load_model,
+    load_optimizer,
+    model_state,
+    optimizer_state,
+    step_layout,
+)
 from .hf_export import PRETRAINED_FORMAT, load_weights
+from .ranks import RANKS_KEY, own_entry, restore_rank_state, rng_state
 
 log = logging.getLogger("trainstore.integrations.hf")
 
 PREFIX = "trainstore:"
 STATE_FORMAT = "trainstore.hf-trainer/1"
+DIST_FORMAT = "trainstore.hf-trainer/dcp-1"
 
 
 def parse_resume(value: str | bool | None) -> int | None | bool:
@@ -110,14 +134,15 @@ class TrainstoreTrainerMixin:
         if not isinstance(checkpoints, CheckpointManager):
             raise ConfigError(f"checkpoints must be a trainstore CheckpointManager, got {type(checkpoints).__name__}")
         super().__init__(*args, **kwargs)
-        if self.args.world_size > 1:
-            raise ConfigError(f"TrainstoreTrainer supports single-process training only (world_size is "
-                              f"{self.args.world_size})")
+        check_engine(self.is_deepspeed_enabled, self.accelerator.state.fsdp_plugin if self.is_fsdp_enabled else None)
         self.checkpoints = checkpoints
         self.last_restore = None
         self.last_save = None
+        self._sharded = self.args.world_size > 1 or self.is_fsdp_enabled  # saves through DCP (sharded state)
         self._resume_dir: str | None = None
-        self._resume_state: dict[str, Any] | None = None
+        self._resume_state: dict[str, Any] | None = None  # single-process layout, loaded at train()
+        self._resume_step: int | None | bool = False  # sharded layout: the step to load (None newest), False: none
+        self._resume_rng: dict[str, Any] | None = None
         rule = retention_rule(self.args.save_total_limit, self.args.metric_for_best_model,
                               self.args.greater_is_better)
         if rule is not None:
@@ -135,24 +160,47 @@ class TrainstoreTrainerMixin:
             else:
                 self.state.stateful_callbacks[name] = cb_state
         step = self.state.global_step
-        state: dict[str, Any] = {"format": STATE_FORMAT,
-                                 "model": self.accelerator.unwrap_model(self.model).state_dict(),
-                                 "trainer_state": json.dumps(dataclasses.asdict(self.state), sort_keys=True)}
-        if not self.args.save_only_model:
-            state["optimizer"] = self.optimizer.state_dict()
-            if self.lr_scheduler is not None:
-                state["scheduler"] = self.lr_scheduler.state_dict()
-            if self.accelerator.scaler is not None:
-                state["scaler"] = self.accelerator.scaler.state_dict()
-            state["rng"] = capture_rng()
+        state = self._sharded_state() if self._sharded else self._whole_state()
         kind = self.checkpoints.should_save(step) or \
             ("incremental" if self.checkpoints.policy.incremental_every else "full")
-        config: dict[str, Any] = {"training_args": json.loads(self.args.to_json_string())}
+        config: dict[str, Any] = {"training_args": json.loads(self.args.to_json_string()),
+                                  FORMAT_KEY: state["format"]}
         model_config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
         if callable(getattr(model_config, "to_json_string", None)):  # for export_pretrained
             config["hf_config"] = json.loads(model_config.to_json_string(use_diff=False))
         self.last_save = self.checkpoints.save(step, state, metrics=step_metrics(self.state.log_history, step),
                                                config=config, kind=kind)
+
+    def _whole_state(self) -> dict[str, Any]:
+        """Single process: whole tensors, the optimizer's own ``state_dict``."""
+        state: dict[str, Any] = {"format": STATE_FORMAT,
+                                 "model": self.accelerator.unwrap_model(self.model).state_dict(),
+                                 "trainer_state": json.dumps(dataclasses.asdict(self.state), sort_keys=True)}
+        if not self.args.save_only_model:
+            state["optimizer"] = self.optimizer.state_dict()
+            state.update(self._small_parts())
+            state["rng"] = capture_rng()
+        return state
+
+    def _small_parts(self) -> dict[str, Any]:
+        out = {}
+        if self.lr_scheduler is not None:
+            out["scheduler"] = self.lr_scheduler.state_dict()
+        if self.accelerator.scaler is not None:
+            out["scaler"] = self.accelerator.scaler.state_dict()
+        return out
+
+    def _sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+        """Multi-process: the ``hf_dist`` layout (DDP: written once; FSDP2: each rank its shards).
+        ``for_load``: the target of a restore (this run's structure, values overwritten)."""
+        state: dict[str, Any] = {"format": DIST_FORMAT, "model": model_state(self.model),
+                                 "trainer_state": json.dumps(dataclasses.asdict(self.state), sort_keys=True)}
+        if not self.args.save_only_model:
+            state["optimizer"] = optimizer_state(self.model, self.optimizer)
+            state.update(self._small_parts())
+            if not for_load:
+                state[RANKS_KEY] = own_entry({"rng": rng_state()})
+        return state
 
     # -- resuming ----------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -169,7 +217,7 @@ class TrainstoreTrainerMixin:
                 log.error("a background checkpoint save failed as well: %s", exc)
             raise
         finally:
-            self._resume_state = None
+            self._resume_state, self._resume_step, self._resume_rng = None, False, None
             if self._resume_dir is not None:
                 shutil.rmtree(self._resume_dir, ignore_errors=True)
                 self._resume_dir = None
@@ -177,7 +225,27 @@ class TrainstoreTrainerMixin:
         return output
 
     def _prepare_resume(self, step: int | None) -> str | None:
-        """Restore ``step`` (None: newest valid) and lay out the one file the Trainer reads."""
+        """Restore ``step`` (None: newest valid) and lay out the one file the Trainer reads.
+        A sharded checkpoint is chosen here, with its ``TrainerState`` (read before the model is
+        wrapped); model and optimizer load from that step once wrapped (``_load_sharded``)."""
+        layout = step_layout(self.checkpoints, step)
+        if layout is not None and (layout[2] or layout[1] == DIST_FORMAT):
+            check_layout(self.checkpoints.job, layout[0], layout[1], (DIST_FORMAT,), "TrainstoreTrainer")
+            head = {"format": "", "trainer_state": ""}
+            self.last_restore = self.checkpoints.restore_with_info(step, into=head)
+            check_layout(self.checkpoints.job, self.last_restore.step, head["format"], (DIST_FORMAT,),
+                         "TrainstoreTrainer")
+            self._resume_step = self.last_restore.step
+            self._resume_dir = tempfile.mkdtemp(prefix=f"trainstore-resume-{self._resume_step}-")
+            self._write_trainer_state(head["trainer_state"])
+            return self._resume_dir
+        if layout is not None:
+            check_layout(self.checkpoints.job, layout[0], layout[1], (STATE_FORMAT, PRETRAINED_FORMAT),
+                         "TrainstoreTrainer")
+            if self.is_fsdp_enabled:
+                raise ConfigError(f"step {layout[0]} of job {self.checkpoints.job!r} was saved by a single-process "
+                                  "run (whole tensors); this FSDP run resumes only from a multi-process "
+                                  f"checkpoint ({DIST_FORMAT!r}). Resume it with one process or under DDP")
         try:
             result = self.checkpoints.restore_with_info(step)
         except NoCheckpointError:
@@ -199,21 +267,53 @@ class TrainstoreTrainerMixin:
         self._resume_dir = tempfile.mkdtemp(prefix=f"trainstore-resume-{result.step}-")
         with open(os.path.join(self._resume_dir, TRAINER_STATE_NAME), "w") as f:
             f.write(state["trainer_state"])
+        if self._sharded:
+            log.warning("step %d was saved by one process: every rank restores its RNG", result.step)
         log.info("resuming from trainstore: %s", result)
         return self._resume_dir
 
+    def _write_trainer_state(self, state: str) -> None:
+        with open(os.path.join(self._resume_dir, TRAINER_STATE_NAME), "w") as f:
+            f.write(state)
+
     def _ours(self, checkpoint: str | None) -> bool:
-        return checkpoint is not None and checkpoint == self._resume_dir and self._resume_state is not None
+        return checkpoint is not None and checkpoint == self._resume_dir
+
+    def _load_sharded(self) -> None:
+        """Restore the chosen sharded checkpoint into the wrapped model, optimizer, scheduler
+        (resharded by DCP), then this rank's RNG; collective: every rank runs it. A step that
+        fails to load here is recorded bad (integrity), so a restart falls back past it."""
+        target = self._sharded_state(for_load=True)
+        del target["format"], target["trainer_state"]  # read by _prepare_resume
+        result = self.checkpoints.restore_with_info(self._resume_step, into=target)  # type: ignore[arg-type]
+        load_model(self.model, target["model"])
+        if "optimizer" in target:
+            load_optimizer(self.model, self.optimizer, target["optimizer"])
+        if "scheduler" in target:
+            self.lr_scheduler.load_state_dict(target["scheduler"])
+        if "scaler" in target:
+            self.accelerator.scaler.load_state_dict(target["scaler"])
+        entry, ranks = restore_rank_state(self.checkpoints, result.step, {"rng": rng_state()})
+        self._resume_rng = entry["rng"] if entry is not None else None
+        chosen = self.last_restore or result  # why _prepare_resume chose the step; the time of both loads
+        chosen = dataclasses.replace(chosen, seconds=chosen.seconds + result.seconds, repairs=result.repairs)
+        self.last_restore = chosen if ranks.moved_all else dataclasses.replace(chosen, reason=f"{chosen.reason}; {ranks}")
+        self._resume_step = False
+        log.info("resuming from trainstore: %s", self.last_restore)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         if not self._ours(resume_from_checkpoint):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self._resume_state is None:  # sharded: loaded with the optimizer, once both are prepared
+            return
         target = self.accelerator.unwrap_model(model if model is not None else self.model)
         target.load_state_dict(self._resume_state.pop("model"), strict=True)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if not self._ours(checkpoint):
             return super()._load_optimizer_and_scheduler(checkpoint)
+        if self._resume_state is None:  # sharded layout (loaded once)
+            return self._load_sharded() if self._resume_step is not False else None
         if "optimizer" in self._resume_state:
             self.optimizer.load_state_dict(self._resume_state.pop("optimizer"))
         if "scheduler" in self._resume_state and self.lr_scheduler is not None:
@@ -222,13 +322,16 @@ class TrainstoreTrainerMixin:
     def _load_scaler(self, checkpoint: str | None) -> None:
         if not self._ours(checkpoint):
             return super()._load_scaler(checkpoint)
-        if "scaler" in self._resume_state and self.accelerator.scaler is not None:
+        if self._resume_state is not None and "scaler" in self._resume_state and self.accelerator.scaler is not None:
             self.accelerator.scaler.load_state_dict(self._resume_state.pop("scaler"))
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if not self._ours(checkpoint):
             return super()._load_rng_state(checkpoint)
-        if "rng" in self._resume_state:
+        if self._resume_state is None:  # sharded layout: this rank's own RNG, when it was saved
+            if self._resume_rng is not None:
+                restore_rng(self._resume_rng)
+        elif "rng" in self._resume_state:
             restore_rng(self._resume_state["rng"])  # kept: the Trainer may call this once per resume
 
 
