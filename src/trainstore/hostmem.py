@@ -7,8 +7,7 @@ whose 2 MiB-aligned interior is ``madvise(MADV_HUGEPAGE)``-d, so one fault maps 
 (transparent huge pages in ``madvise`` mode; with THP off or unsupported it is plain pages,
 nothing else changes). It starts 4 KiB-aligned, so slots at 4 KiB offsets are ready for
 ``O_DIRECT``; it is pinned for CUDA when CUDA is present (``cudaHostRegister`` keeps the
-huge pages; ``torch.empty(pin_memory=True)`` would not; ``pin()`` pins later, e.g. on a
-thread once the buffer is known to be reused), and it can be pre-touched in a
+huge pages; ``torch.empty(pin_memory=True)`` would not), and it can be pre-touched in a
 background thread (``MADV_POPULATE_WRITE`` through ``ctypes``, which releases the GIL and
 leaves the contents alone).
 
@@ -126,14 +125,6 @@ class HostBuffer:
         self._touched = threading.Event()
         self._touch_error: BaseException | None = None
         self._toucher: threading.Thread | None = None
-
-    def pin(self) -> bool:
-        """Register with CUDA now, if not yet (``cudaHostRegister`` faults every page in and
-        locks it: ~1.2 s for 4 GiB on an H200 machine, docs/benchmarks.md "GPU"); False when
-        CUDA is unavailable or refused (the buffer stays plain memory)."""
-        if not self.pinned and _cuda_available():
-            self._pin()
-        return self.pinned
 
     def _pin(self) -> None:
         err = torch.cuda.cudart().cudaHostRegister(self.address, max(self.nbytes, 1), 0)

@@ -166,21 +166,6 @@ def test_arena_reuse_waits_for_the_copy_in_flight() -> None:
 
 
 @needs_cuda
-def test_a_fresh_arena_is_pinned_after_its_first_copy_and_reused() -> None:
-    """The first save copies into plain memory (no 1 s cudaHostRegister on the clock); the
-    arena is pinned on a thread after the copy, and the next save reuses it pinned."""
-    stager = Stager()
-    state = gpu_state()
-    staged, arena = stage(state, stager)
-    assert staged_bytes(next(t for t in staged if t.name == "model/w")) == host_bytes(state["model"]["w"])
-    stager.release(arena)
-    state["model"]["w"].add_(1.0)
-    again, arena2 = stage(state, stager)
-    assert arena2 is arena and arena.pinned and arena.tensor.is_pinned() and stager.allocations == 1
-    assert staged_bytes(next(t for t in again if t.name == "model/w")) == host_bytes(state["model"]["w"])
-
-
-@needs_cuda
 def test_manager_saves_and_restores_cuda_state(tmp_path) -> None:
     """End to end: CUDA state saved twice (the second after a step) and restored into CUDA tensors."""
     state = gpu_state()

@@ -1,7 +1,7 @@
 """Reusable host staging buffers: the only work an async save does on the caller's time.
 
 An ``Arena`` is one contiguous ``hostmem.HostBuffer`` (pinned when CUDA is available, so
-device->host copies run at full speed; see below for when) carved into slots, one per tensor: 4 KiB-aligned for
+device->host copies run at full speed) carved into slots, one per tensor: 4 KiB-aligned for
 large tensors (``O_DIRECT``-ready pieces), 64-byte for the rest. A fresh arena is never zeroed,
 and every later save with the same or a smaller layout reuses it.
 
@@ -24,11 +24,12 @@ included, run after the copy; the host is not blocked) or waited for it
 writer's first read of ``StagedTensor.data`` waits for the copy, and an arena is reused only
 after its copy ran.
 
-Pinning is off the clock too. ``cudaHostRegister`` of 4 GiB took 1.2 s on an H200 machine,
-more than DCP's whole first save; so a fresh arena met by a save is plain memory (its
-device copies run pageable, 15 GB/s there) and is pinned on a thread once its first copy ran,
-for the saves that reuse it (55 GB/s); an arena whose state has no CUDA tensor is never
-pinned. ``reserve`` pins its arenas when it makes them.
+A fresh arena is pinned when it is made (``cudaHostRegister``: 1.2-2 s for 4 GiB on the H200
+machine measured, gVisor). Pinning it instead on a thread after a first pageable copy was
+tried and measured worse there: the pageable copy into fresh memory faulted page by page
+(a 1.5 GiB GPT state's first save blocked 1.47 s against 0.53 s), and the background
+``cudaHostRegister`` held up the training thread's CUDA calls (docs/benchmarks.md, "GPU").
+``reserve`` takes the whole cost off the clock.
 ``stage_state_dict(state_dict)`` is the same job for a torch.distributed state dict (DTensor
 / FSDP shards kept as such, for ``dcp.save``): a host copy reused while the layout holds.
 One ``Stager`` serves both save backends (single process and DCP).
@@ -45,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devicecopy import CopyFence, cuda_available, to_host
+from ..devicecopy import CopyFence, to_host
 from ..errors import ConfigError
 from ..hostmem import PAGE, HostBuffer
 from .state import Leaf
@@ -96,8 +97,6 @@ class Arena:
         self.buffer = HostBuffer(self.capacity, huge_pages=huge_pages, pin=pin)
         self.fresh = True  # no page touched yet: the first stage() populates what it needs
         self.copying: CopyFence | None = None  # device-to-host copies into it still in flight
-        self.pin_later = False  # pin on a thread after its first device copy (Stager.acquire)
-        self._pinner: threading.Thread | None = None
         self.pinned = self.buffer.pinned
         self.array = self.buffer.array()
         self.tensor = self.buffer.tensor() if torch is not None else None
@@ -113,24 +112,10 @@ class Arena:
         else:
             self.buffer.touch()
 
-    def pin_in_background(self, after: CopyFence) -> None:
-        """Pin the buffer on a thread once the copies of ``after`` ran (``ready`` joins it)."""
-        self.pin_later = False
-
-        def pin() -> None:
-            after.wait()
-            self.pinned = self.buffer.pin()
-
-        self._pinner = threading.Thread(target=pin, name="trainstore-stage-pin", daemon=True)
-        self._pinner.start()
-
     def ready(self) -> None:
-        """Wait for a background touch, pin or device copy still running (before anything is
+        """Wait for a background touch or a device copy still running (before anything is
         copied in)."""
         self.buffer.wait_touched()
-        if self._pinner is not None:
-            self._pinner.join()
-            self._pinner = None
         if self.copying is not None:
             self.copying.wait()
             self.copying = None
@@ -250,10 +235,8 @@ class Stager:
             else:
                 self._spare.clear()  # too small: let them go before allocating a bigger one
                 self.allocations += 1
-        if found is None:  # headroom for slowly growing states; auto pin: after its first device copy
-            fresh = Arena(int(total * 1.05) + ALIGN, False if self.pin is None else self.pin)
-            fresh.pin_later = self.pin is None and cuda_available()
-            return fresh
+        if found is None:
+            return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
         arena.ready()
         return arena
 
@@ -318,8 +301,6 @@ class Stager:
                 fence.hold()
             for i in on_device:
                 out[i].fence = fence
-            if arena.pin_later:
-                arena.pin_in_background(fence)
         return out
 
     def stage_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
