@@ -25,11 +25,11 @@ writer's first read of ``StagedTensor.data`` waits for the copy, and an arena is
 after its copy ran.
 
 A fresh arena is pinned when it is made (``cudaHostRegister``: 1.2-2 s for 4 GiB on the H200
-machine measured, gVisor). Pinning it instead on a thread after a first pageable copy was
-tried and measured worse there: the pageable copy into fresh memory faulted page by page
-(a 1.5 GiB GPT state's first save blocked 1.47 s against 0.53 s), and the background
-``cudaHostRegister`` held up the training thread's CUDA calls (docs/benchmarks.md, "GPU").
-``reserve`` takes the whole cost off the clock.
+machine measured). Pinning it instead on a thread after a first pageable copy was tried and
+measured worse there: a 1.5 GiB GPT state's first save blocked 2.3x DCP's (1.0x when pinned
+at once), and the training thread's next CUDA call waited 0.4 s for the background
+``cudaHostRegister`` (docs/benchmarks.md, "GPU"). ``reserve`` takes the cost off the clock.
+
 ``stage_state_dict(state_dict)`` is the same job for a torch.distributed state dict (DTensor
 / FSDP shards kept as such, for ``dcp.save``): a host copy reused while the layout holds.
 One ``Stager`` serves both save backends (single process and DCP).
