@@ -339,3 +339,19 @@ def test_stress_random_resume_chains(sources, case):
 def test_packed_loader_names_a_missing_column_of_a_mixture(sources):
     with pytest.raises(SchemaError, match=r"mixture\(web=web@1.*no column 'tokens'"):
         PackedLoader(Loader(mix(sources), 8, world_size=1, rank=0), PackingConfig(seq_len=8))
+
+
+def test_sources_sharing_a_cache_dir_share_a_limit_that_fits_the_mixture(tmp_path):
+    store = open_store(str(tmp_path / "durable"))
+    rng = np.random.default_rng(0)
+    for name, n in (("web", 1400), ("math", 140)):  # 1 KB rows: web alone is above the 1 MB floor
+        write_arrow_dataset(store, name, {"idx": np.arange(n) + BASE[name],
+                                          "x": rng.standard_normal((n, 256)).astype(np.float32)}, 100)
+    srcs = {n: Dataset(store, f"{n}@1", cache_dir=tmp_path / "hot") for n in ("web", "math")}
+    m = Mixture(srcs, {"web": 0.5, "math": 0.5})
+    assert m.cache_limit >= m.source_bytes  # every source's default limit counts the others in its directory
+    loader = Loader(m, 50, shuffle_mode="block", world_size=1, rank=0)
+    for _ in range(3):
+        for _b in loader:
+            pass
+    assert loader.stats()["bytes_fetched"] == m.source_bytes  # each shard fetched once, none evicted

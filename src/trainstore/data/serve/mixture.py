@@ -26,7 +26,9 @@ draws (what was drawn stays drawn).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,7 @@ from ...nodecache.config import CacheStats
 from .dataset import Dataset
 from .interleave import EraStream
 from .open_shard import column_spec
+from .options import default_cache_limit, resolve_cache_dir
 from .sampler import PlanSpec, per_rank_count, rank_streams
 from .schedule import (
     CallableSchedule,
@@ -66,6 +69,24 @@ class _CacheView:
         return total
 
 
+def _share_cache_limits(sources: tuple[Dataset, ...]) -> tuple[Dataset, ...]:
+    """Sources in one cache directory share its space: a source whose limit is the default
+    (its own bytes + a shard) is reopened with the default for all of them, else filling one
+    source evicts the others' shards and every epoch fetches them again."""
+    by_dir: dict[str, list[int]] = {}
+    for i, ds in enumerate(sources):
+        by_dir.setdefault(os.path.abspath(resolve_cache_dir(ds.config.cache_dir)), []).append(i)
+    out = list(sources)
+    for where, members in by_dir.items():
+        limit, _why = default_cache_limit(where, sum(sources[i].source_bytes for i in members),
+                                          max(sources[i].max_shard_bytes for i in members))
+        for i in members:
+            ds = sources[i]
+            if ds.config.cache_limit is None and ds.cache_limit < limit:
+                out[i] = Dataset(ds.store, ds.version, config=replace(ds.config, cache_limit=limit))
+    return tuple(out)
+
+
 class Mixture:
     """Weighted mixture of servable datasets (see the module doc)."""
 
@@ -85,7 +106,7 @@ class Mixture:
         if bad:
             raise ConfigError(f"mixture sources must be trainstore.data.Dataset; not: {bad}")
         self.names = tuple(str(n) for n in sources)
-        self.sources = tuple(sources.values())
+        self.sources = _share_cache_limits(tuple(sources.values()))
         self.schedule = as_schedule(weights)
         self._schedule_desc = describe(self.schedule, self.names)  # checks every breakpoint
         self.seed = int(seed)
@@ -97,6 +118,7 @@ class Mixture:
         if self.num_samples <= 0:
             raise ConfigError(f"num_samples must be positive, got {num_samples}")
         self._columns = self._pick_columns(columns)
+        self._specs = {c: column_spec(self.sources[0].version, c) for c in self._columns}
         self.source_column = source_column
         if source_column is not None and source_column in self._columns:
             raise ConfigError(f"source_column {source_column!r} is also a data column; pick another name")
@@ -109,7 +131,8 @@ class Mixture:
         self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
         self.max_shard_bytes = max(ds.max_shard_bytes for ds in self.sources)
         self.cache_limit = min(ds.cache_limit for ds in self.sources)
-        self.cache_limit_reason = "the smallest of the sources' cache limits"
+        self.cache_limit_reason = ("the smallest of the sources' cache limits (a default one covers all the "
+                                   "sources in its cache directory)")
         self._orders: dict[tuple, np.ndarray] = {}
         self._eras: dict[str, EraStream] = {}
 
@@ -153,7 +176,7 @@ class Mixture:
             parts[s] = (at, self.sources[s].take(idx[at] - self.row_offsets[s]))
         out: dict[str, np.ndarray] = {}
         for c in self._columns:
-            dtype, shape = column_spec(self.sources[0].version, c)
+            dtype, shape = self._specs[c]
             arr = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
             for at, got in parts.values():
                 arr[at] = got[c]

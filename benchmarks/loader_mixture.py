@@ -1,0 +1,152 @@
+"""A weighted 3-source Mixture against one Dataset of the same rows (issue 28 item 5, trainstore side).
+
+Three arrow-ipc sources (``idx`` int64 + ``x`` float32 of ``--sample-kb`` KB; the third 10x
+smaller than the others) are served as ``Mixture(weights 0.5 / 0.3 / 0.2)`` and, for the
+baseline, the same rows as one dataset. Both through ``Loader`` (``--mode`` shuffle, local
+store, warm node cache), no compute: samples/s over ``--epochs`` warm epochs (first batch of
+each excluded), and the time to plan an epoch. Then, from the mixture's ``source`` column: the
+achieved share of each source in every window of 1,000 samples (worst deviation from the
+weight, in percentage points), and whether a mid-epoch resume on another world size (2 ranks
+-> 3 ranks) reads exactly the rest of the uninterrupted stream.
+
+Peers (litdata ``CombinedStreamingDataset``, mosaic ``Stream(proportion=...)``) are not run
+here: neither is installed in this environment (``benchmarks/peers.txt``).
+
+Run: ``.venv/bin/python benchmarks/loader_mixture.py`` (``--samples`` total rows,
+``--sample-kb``, ``--batch``, ``--epochs``, ``--mode``, ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+from trainstore import open_store
+from trainstore.data import Dataset, Loader
+from trainstore.data.serve import Mixture, write_arrow_dataset
+
+warnings.filterwarnings("ignore")
+logging.getLogger("trainstore").setLevel(logging.ERROR)
+WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
+
+
+def write_sources(store, total: int, width: int, rows_per_shard: int) -> dict[str, int]:
+    """web and code 10 parts each, math 1 part; also all of them as one dataset ``all``."""
+    sizes = dict(zip(WEIGHTS, (total * 10 // 21, total * 10 // 21, total - 2 * (total * 10 // 21))))
+    rng = np.random.default_rng(0)
+    parts, start = {}, 0
+    for name, n in sizes.items():
+        parts[name] = {"idx": np.arange(start, start + n, dtype=np.int64),
+                       "x": rng.standard_normal((n, width)).astype(np.float32)}
+        write_arrow_dataset(store, name, parts[name], rows_per_shard)
+        start += n
+    write_arrow_dataset(store, "all", {k: np.concatenate([p[k] for p in parts.values()]) for k in ("idx", "x")},
+                        rows_per_shard)
+    return sizes
+
+
+def samples_per_s(loader: Loader, epochs: int) -> float:
+    """Warm epochs, no compute, first batch of each excluded."""
+    list(loader)  # warms the node cache
+    n, secs = 0, 0.0
+    for _ in range(epochs):
+        it = iter(loader)
+        next(it)
+        t0 = time.perf_counter()
+        for b in it:
+            n += len(b["idx"])
+        secs += time.perf_counter() - t0
+    return n / secs
+
+
+def plan_seconds(loader: Loader) -> float:
+    t0 = time.perf_counter()
+    len(loader)
+    return time.perf_counter() - t0
+
+
+def worst_share_deviation(sources: np.ndarray, window: int = 1000) -> float:
+    w = np.array(list(WEIGHTS.values()))
+    worst = 0.0
+    for start in range(0, len(sources) - window + 1, window):
+        share = np.bincount(sources[start:start + window], minlength=len(w)) / window
+        worst = max(worst, float(np.abs(share - w).max()))
+    return 100 * worst
+
+
+def resume_reproduces(make, batch: int) -> bool:
+    """2 ranks read 5 steps, 3 ranks resume and finish the epoch == 1 rank uninterrupted (the
+    3-rank tail may take the next epoch's first positions: compared over two epochs)."""
+    one = Loader(make(), batch, world_size=1, rank=0)
+    straight = np.concatenate([b["idx"] for _ in range(2) for b in one])
+    one.close()
+    seen, states = [[], []], []
+    for r in range(2):
+        lo = Loader(make(), batch, world_size=2, rank=r)
+        it = iter(lo)
+        seen[r] = [next(it)["idx"] for _ in range(5)]
+        states.append(lo.state_dict())
+        it.close()
+        lo.close()
+    got = [x for step in zip(*seen) for x in step]
+    rest = []
+    for r in range(3):
+        lo = Loader(make(), batch, world_size=3, rank=r)
+        lo.load_state_dict(states[0])
+        rest.append([b["idx"] for b in lo])
+        lo.close()
+    got += [x for step in zip(*rest) for x in step]
+    got = np.concatenate(got)
+    return bool(np.array_equal(got, straight[:len(got)])) and len(got) >= len(straight) // 2
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=42_000)
+    ap.add_argument("--sample-kb", type=float, default=4.0)
+    ap.add_argument("--rows-per-shard", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--mode", default="block")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    width = max(1, int(a.sample_kb * 1024 // 4))
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+        store = open_store(f"{tmp}/durable")
+        sizes = write_sources(store, a.samples, width, a.rows_per_shard)
+        hot = f"{tmp}/hot-mixture"  # the baseline has its own node cache
+        one = Dataset(store, "all@1", cache_dir=f"{tmp}/hot-single")
+
+        def make() -> Mixture:
+            return Mixture({n: Dataset(store, f"{n}@1", cache_dir=hot) for n in WEIGHTS}, WEIGHTS, seed=0,
+                           source_column="source")
+
+        single = Loader(one, a.batch, shuffle_mode=a.mode, world_size=1, rank=0)
+        mixed = Loader(make(), a.batch, shuffle_mode=a.mode, world_size=1, rank=0)
+        out = {"samples": a.samples, "sizes": sizes, "sample_kb": a.sample_kb, "batch": a.batch, "mode": a.mode,
+               "plan_s_single": plan_seconds(single), "plan_s_mixture": plan_seconds(mixed),
+               "samples_per_s_single": samples_per_s(single, a.epochs)}
+        single.close()
+        out["samples_per_s_mixture"] = samples_per_s(mixed, a.epochs)
+        mixed.close()
+        out["mixture_vs_single"] = out["samples_per_s_mixture"] / out["samples_per_s_single"]
+        lo = Loader(make(), a.batch, world_size=1, rank=0)
+        src = np.concatenate([b["source"] for b in lo])
+        lo.close()
+        out["worst_share_deviation_pp_per_1000"] = worst_share_deviation(src)
+        out["resume_2_to_3_reproduces_rest_of_epoch"] = resume_reproduces(make, a.batch)
+    if a.json:
+        print(json.dumps(out))
+        return
+    for k, v in out.items():
+        print(f"{k:42s} {v:.4g}" if isinstance(v, float) else f"{k:42s} {v}")
+
+
+if __name__ == "__main__":
+    main()
