@@ -73,7 +73,11 @@ def storage_by_tier(durable: Store, hot_dirs: dict[str, str], archive: Store | N
         tiers.append(["deployable", ordered({"model export": sum(_dir_bytes(p) if os.path.isdir(p) else
                                                                  os.path.getsize(p) for p in exports.values()
                                                                  if os.path.exists(p))})])
-    return {"tiers": tiers}
+    codecs: dict[str, int] = {}  # checkpoint chunk bytes by the codec in their names (chunks/<h>.<codec>)
+    for meta in durable.list("chunks/"):
+        codec = meta.key.rsplit(".", 1)[-1] if "." in meta.key.rsplit("/", 1)[-1] else "unknown"
+        codecs[codec] = codecs.get(codec, 0) + meta.size
+    return {"tiers": tiers, "codecs": codecs}
 
 
 def lineage(store: Store, refs: list[str], job: str | None, checkpoints: int, model: dict | None,

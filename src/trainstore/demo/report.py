@@ -41,7 +41,7 @@ _CHECK = """
 if(!e){console.error('plot missing: '+id);return;}var b=e.getBoundingClientRect(),
 n=e.querySelectorAll('.mark').length;if(b.width>0&&b.height>0&&n>0){e.setAttribute('data-rendered','yes');ok++;}
 else{console.error('plot did not render: '+id);}});var s=document.getElementById('plot-status');
-s.textContent=ok+' of '+ids.length+' plots rendered';s.setAttribute('data-ok',ok===ids.length?'yes':'no');})();
+s.setAttribute('data-rendered',ok+' of '+ids.length);s.setAttribute('data-ok',ok===ids.length?'yes':'no');})();
 """
 
 
@@ -95,11 +95,36 @@ def _plot_lineage(run: dict) -> str:
                          [tuple(e) for e in lin["edges"]])
 
 
-def _table(headers: list[str], rows: list[list[str]], num: set[int] = frozenset()) -> str:  # type: ignore[assignment]
+def _table(headers: list[str], rows: list[list[str]], num: set[int] = frozenset(),  # type: ignore[assignment]
+           bad: set[int] = frozenset()) -> str:  # type: ignore[assignment]
+    """An HTML table; ``num``: right-aligned columns; ``bad``: columns whose cell, when it
+    says "bad", is shown in the bad style."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td class="num">{escape(c)}</td>' if i in num else f"<td>{escape(c)}</td>"
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+
+    def cell(i: int, c: str) -> str:
+        cls = [*(["num"] if i in num else []), *(["bad"] if i in bad and "bad" in c else [])]
+        return f'<td class="{" ".join(cls)}">{escape(c)}</td>' if cls else f"<td>{escape(c)}</td>"
+
+    body = "".join("<tr>" + "".join(cell(i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _bad_steps(run: dict) -> set[int]:
+    """Steps found bad: by the lifecycle's deep verify, or the demo's deliberate corruption."""
+    bad = set(run.get("lifecycle", {}).get("verify", {}).get("bad", []))
+    corr = run.get("corruption") or {}
+    if corr.get("detected") and corr.get("step") is not None:
+        bad.add(corr["step"])
+    return bad
+
+
+def _codecs(run: dict) -> str:
+    """The codecs the stored chunks really use, by share of bytes (from the store's listing)."""
+    codecs = run.get("storage", {}).get("codecs") or {}
+    total = sum(codecs.values())
+    if not total:
+        return "the configured codec"
+    return ", ".join(f"{c} ({b / total:.0%})" for c, b in sorted(codecs.items(), key=lambda kv: -kv[1]))
 
 
 def render_html(run: dict) -> str:
@@ -111,14 +136,16 @@ def render_html(run: dict) -> str:
     stage_rows = [[name, f"{sec:.1f} s"] for name, sec in s["stages"]] + [["total", f"{s['total_s']:.1f} s"]]
     summary = [[sec, what, value] for sec, what, value in summary_rows(s)]
     cks = run.get("train", {}).get("checkpoints", [])
-    ck_rows = [[str(c["step"]), c["kind"], str(c.get("base_step") or ""), human_bytes(c["logical_bytes"]),
+    bad = _bad_steps(run)
+    ck_rows = [[str(c["step"]), c["kind"], "bad" if c["step"] in bad else "ok", str(c.get("base_step") or ""),
+                human_bytes(c["logical_bytes"]),
                 human_bytes(c["stored_bytes"]), human_bytes(c["written_bytes"]),
                 "-" if c.get("blocked_s") is None else f"{1000 * c['blocked_s']:.1f} ms",
                 f"{c['metrics'].get('val_loss', float('nan')):.4f}", f"{c['metrics'].get('val_acc', float('nan')):.1%}"]
                for c in cks]
     retention = run.get("lifecycle", {}).get("retention", {}).get("decisions", [])
-    ret_rows = [[str(d["step"]), d["kind"], "keep" if d["keep"] else "delete", "; ".join(d["reasons"])]
-                for d in retention]
+    ret_rows = [[str(d["step"]), d["kind"], "bad" if d["step"] in bad else "ok", "keep" if d["keep"] else "delete",
+                 "; ".join(d["reasons"])] for d in retention]
     ok = s.get("crash", {}).get("identical") and s.get("corruption", {}).get("detected")
     verdict = ('<span class="ok">resume bit-identical, corruption detected</span>' if ok else
                '<span class="bad">check the recovery section</span>')
@@ -129,7 +156,7 @@ def render_html(run: dict) -> str:
         "<h1>trainstore: end-to-end training pipeline</h1>",
         f'<div class="sub">store <code>{escape(run.get("store", "?"))}</code> · size '
         f'<code>{escape(run.get("config", {}).get("size", "?"))}</code> · finished {escape(when)} · {verdict} · '
-        f'<span id="plot-status">plots not checked (scripts off)</span></div>',
+        f'<span id="plot-status" hidden></span></div>',
         '<section class="card"><h2>Summary</h2>', _table(["", "what", "result"], summary), "</section>",
         '<section class="card"><h2>Time per stage</h2>', _table(["stage", "time"], stage_rows, {1}), "</section>",
         '<section class="card">', _plot_steps(run),
@@ -137,9 +164,11 @@ def render_html(run: dict) -> str:
         "compute is forward, backward and optimizer step. Above ~10% wait the pipeline is I/O-bound.</p></section>",
         '<section class="card">', _plot_checkpoints(run),
         '<p class="note">Stored bytes are what the checkpoint itself owns in the store after compression '
-        "(shuffle + zstd); an incremental stores XOR deltas against its full base, restored bit-exactly.</p>",
-        _table(["step", "kind", "base", "logical", "stored", "written", "blocked", "val loss", "val acc"], ck_rows,
-               {3, 4, 5, 6, 7, 8}), "</section>",
+        f"(chunks stored as {escape(_codecs(run))}); an incremental stores XOR deltas against its full base, "
+        "restored bit-exactly. Status: the deep verify of the lifecycle stage (bad: a chunk failed its "
+        "hash).</p>",
+        _table(["step", "kind", "status", "base", "logical", "stored", "written", "blocked", "val loss", "val acc"],
+               ck_rows, {4, 5, 6, 7, 8, 9}, bad={2}), "</section>",
         '<section class="card">', _plot_tiers(run),
         '<p class="note">Hot tier: local directories (the loader\'s shard cache and recent checkpoints); durable '
         "tier: the store; archive: old full checkpoints, when configured.</p></section>",
@@ -147,7 +176,7 @@ def render_html(run: dict) -> str:
     ]
     if ret_rows:
         parts += ['<section class="card"><h2>Retention decisions</h2>',
-                  _table(["step", "kind", "decision", "why"], ret_rows), "</section>"]
+                  _table(["step", "kind", "status", "decision", "why"], ret_rows, bad={2}), "</section>"]
     parts += [f"<script>{_CHECK % json.dumps(list(PLOTS))}</script>", "</main></body></html>"]
     return "\n".join(parts)
 

@@ -208,7 +208,11 @@ def lineage_graph(plot_id: str, title: str, nodes: Sequence[dict], edges: Sequen
     width = max(width, 40 + 150 * ncol)
     nrow = max((len(v) for v in columns.values()), default=1)
     box_w = min(170.0, (width - 40) / ncol - 24)
-    box_h, vgap, top = 58, 22, 40
+    by_id = {n["id"]: n for n in nodes}
+    # labels wrap (never cut): every box is as tall as the node with the most lines needs
+    lines = {i: (_wrap(by_id[i]["label"], box_w), _wrap(by_id[i].get("detail", ""), box_w, 6.0)) for i in ids}
+    most = max((len(a) * 16 + len(b) * 14 for a, b in lines.values()), default=30)
+    box_h, vgap, top = max(58, most + 20), 22, 40
     height = top + nrow * (box_h + vgap) + 10
     col_w = (width - 40) / ncol
     pos: dict[str, tuple[float, float]] = {}
@@ -230,23 +234,34 @@ def lineage_graph(plot_id: str, title: str, nodes: Sequence[dict], edges: Sequen
         mx = (sx + ex) / 2
         out.append(f'<path class="edge" d="M {sx:.1f} {sy:.1f} C {mx:.1f} {sy:.1f}, {mx:.1f} {ey:.1f}, {ex - 2:.1f} '
                    f'{ey:.1f}" fill="none" stroke="#777" stroke-width="1.4" marker-end="url(#arrow)"/>')
-    by_id = {n["id"]: n for n in nodes}
     for i, (x, y) in pos.items():
         n = by_id[i]
         fill = kinds.get(n.get("kind", ""), "#f5f5f5")
         out.append(f'<g class="node"><rect class="mark" x="{x:.1f}" y="{y:.1f}" width="{box_w:.1f}" height="{box_h}" '
                    f'rx="7" fill="{fill}" stroke="#8a8a8a"><title>{escape(n.get("title", n["label"]))}</title></rect>')
-        out.append(f'<text x="{x + box_w / 2:.1f}" y="{y + 22:.1f}" text-anchor="middle" font-weight="600">'
-                   f'{escape(_clip(n["label"], box_w))}</text>')
-        out.append(f'<text x="{x + box_w / 2:.1f}" y="{y + 40:.1f}" text-anchor="middle" fill="#555" '
-                   f'font-size="11">{escape(_clip(n.get("detail", ""), box_w, 6.0))}</text></g>')
+        label, detail = lines[i]
+        cx, ty = x + box_w / 2, y + 22
+        out.append(f'<text x="{cx:.1f}" y="{ty:.1f}" text-anchor="middle" font-weight="600">'
+                   + "".join(f'<tspan x="{cx:.1f}" dy="{0 if k == 0 else 16}">{escape(t)}</tspan>'
+                             for k, t in enumerate(label)) + "</text>")
+        out.append(f'<text x="{cx:.1f}" y="{ty + 16 * len(label) + 2:.1f}" text-anchor="middle" fill="#555" '
+                   'font-size="11">' + "".join(f'<tspan x="{cx:.1f}" dy="{0 if k == 0 else 14}">{escape(t)}</tspan>'
+                                               for k, t in enumerate(detail)) + "</text></g>")
     out.append("</svg>")
     return "\n".join(out)
 
 
-def _clip(text: str, width: float, char_w: float = 7.0) -> str:
+def _wrap(text: str, width: float, char_w: float = 7.0) -> list[str]:
+    """``text`` in lines that fit ``width``, broken after ``. @ - / · `` or a space where it
+    can be, else hard; nothing is dropped (a lineage label is a name a reader looks up)."""
     n = max(4, int(width / char_w))
-    return text if len(text) <= n else text[:n - 1] + "…"
+    out: list[str] = []
+    while len(text) > n:
+        cut = max((text.rfind(c, 0, n) for c in ".@-/· _"), default=-1)
+        cut = cut + 1 if cut > 0 else n
+        out.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    return [*out, text]
 
 
 __all__ = ["grouped_bars", "human_bytes", "lineage_graph", "stacked_bars", "tier_bars"]

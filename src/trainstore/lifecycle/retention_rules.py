@@ -185,7 +185,7 @@ class BestN(Rule):
         scored = [(v, m.step) for m in view.manifests
                   if isinstance(v := m.metrics.get(self.metric), (int, float)) and not isinstance(v, bool)]
         scored.sort(key=lambda p: (p[0] if self.mode == "min" else -p[0], -p[1]))
-        return {s: [f"best #{rank} by {self.metric}={v} ({self.mode})"]
+        return {s: [f"best #{rank} by {self.metric}={v:.4g} ({self.mode})"]
                 for rank, (v, s) in enumerate(scored[:self.n], 1)}
 
     def miss(self, m: mf.Manifest, view: RetentionView) -> str:
