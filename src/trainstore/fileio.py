@@ -142,6 +142,18 @@ def write_atomic(path: str, data: Buffer | str, *, durable: bool = True) -> None
             os.close(fd)
 
 
+def remove_temp_leftovers(directory: str) -> int:
+    """Remove the temp files a crashed writer left in ``directory`` (``create_temp`` names);
+    only for a directory one owner holds (under its lock). Returns how many were removed."""
+    n = 0
+    with os.scandir(directory) as entries:
+        for e in entries:
+            if e.name.startswith(TEMP_PREFIX) and not e.is_dir(follow_symlinks=False):
+                unlink_quietly(e.path)
+                n += 1
+    return n
+
+
 def unlink_quietly(path: str) -> None:
     """Remove ``path``; a missing file is not an error."""
     try:
@@ -151,5 +163,5 @@ def unlink_quietly(path: str) -> None:
 
 
 __all__ = ["DIRECT_ALIGN", "DIRECT_MIN_BYTES", "TEMP_PREFIX", "Buffer", "create_temp", "create_temp_dir",
-           "direct_eligible", "fsync_dir", "io_error", "replacing", "unlink_quietly", "write_all", "write_atomic",
-           "write_direct"]
+           "direct_eligible", "fsync_dir", "io_error", "remove_temp_leftovers", "replacing", "unlink_quietly",
+           "write_all", "write_atomic", "write_direct"]

@@ -120,3 +120,15 @@ def test_no_module_names_a_temp_file_itself():
             if pattern.search(line):
                 offenders.append(f"{file.relative_to(SRC)}:{n}: {line.strip()}")
     assert not offenders, "temp files must come from trainstore.fileio.create_temp:\n" + "\n".join(offenders)
+
+
+def test_the_wal_removes_temp_files_a_crash_left_behind(tmp_path):
+    from trainstore.data.ingest.wal import WriteAheadLog
+
+    wal_dir = tmp_path / "wal"
+    wal_dir.mkdir()
+    leftover = wal_dir / (TEMP_PREFIX + "0" * 32 + ".uploaded.jsonl")
+    leftover.write_text("half a journal")
+    WriteAheadLog(str(wal_dir), str(tmp_path / "store"), "ds").close()
+    assert not leftover.exists()
+    assert not [n for n in os.listdir(wal_dir) if n.startswith(TEMP_PREFIX)]

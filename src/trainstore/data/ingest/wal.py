@@ -35,7 +35,7 @@ import filelock
 import pyarrow as pa
 
 from ...errors import ConfigError, StoreError
-from ...fileio import fsync_dir, io_error, write_all, write_atomic
+from ...fileio import fsync_dir, io_error, remove_temp_leftovers, write_all, write_atomic
 from ..versions import ShardInfo
 
 MAGIC = b"TSW1"
@@ -105,6 +105,7 @@ class WriteAheadLog:
             self._lock.acquire()
         except filelock.Timeout:
             raise ConfigError(f"WAL directory {self.dir} is in use by another Ingestor") from None
+        remove_temp_leftovers(self.dir)  # a crash between a temp file and its rename
         self.wal_id = self._load_or_create_meta(store_url, dataset)
         self._journal = os.path.join(self.dir, "uploaded.jsonl")
         self._fd: int | None = None
