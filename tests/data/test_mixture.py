@@ -355,3 +355,13 @@ def test_sources_sharing_a_cache_dir_share_a_limit_that_fits_the_mixture(tmp_pat
         for _b in loader:
             pass
     assert loader.stats()["bytes_fetched"] == m.source_bytes  # each shard fetched once, none evicted
+
+
+def test_zero_weight_source_is_not_drawn_until_its_weight_rises(sources):
+    sched = PiecewiseLinear({0: {"web": 1, "code": 0, "math": 1}, 100: {"web": 1, "code": 0, "math": 1},
+                             101: {"web": 1, "code": 2, "math": 1}})
+    loader = Loader(Mixture(sources, sched), 10, world_size=1, rank=0)
+    ids = np.concatenate(run(loader))
+    assert not (source_of(ids[:100]) == 1).any() and (source_of(ids[110:]) == 1).mean() == pytest.approx(0.5, abs=0.02)
+    with pytest.raises(ConfigError, match="exchange"):
+        Loader(mix(sources), 6, world_size=1, rank=0, exchange=True)
