@@ -6,9 +6,15 @@
 #   benchmarks/gpu.sh [OUT_DIR]        # default: $OUT, else bench-out/gpu
 #
 # Uses the machine's own python3 + torch with src/ on PYTHONPATH (no virtualenv). Missing
-# hard dependencies (blake3, zstandard, blosc2, obstore, ndindex) can come as wheels in .whl/
-# (pip download --only-binary for the machine's python; see docs/benchmarks.md "GPU"): they
-# are installed offline into a temporary folder first.
+# hard dependencies come as wheels in .whl/ (ignored by git; ~20 MB), installed offline into a
+# temporary folder first. Made on a machine with network access, for the GPU machine's Python:
+#   echo /.whl/ >>.git/info/exclude
+#   .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 -d .whl obstore==0.12.1 blake3==1.0.11 blosc2==4.15.0 \
+#       zstandard==0.25.0 ndindex==1.10.1
+# (the H200 image already has numpy, pyarrow, filelock, typer, rich, prometheus-client,
+# lazy-loader, msgpack, httpx, pytest, pytest-timeout.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-bench-out/gpu}}
