@@ -195,7 +195,7 @@ class Loader:
         """Start assembling the next epoch's first batches (its plan is already fixed), so the
         epoch boundary does not drain the pipeline."""
         plan = self.dataset.plan_epoch(self.spec, self.epoch + 1, cursor, [], self.world_size)
-        return _EpochRun(self, self._batches(plan), 0, plan.next_cursor)
+        return _EpochRun(self, self._batches(plan), 0, plan)
 
     def __iter__(self) -> Iterator[Any]:
         ahead, self._ahead = self._ahead, None
@@ -206,8 +206,9 @@ class Loader:
             if ahead is not None:
                 ahead[1].close()
             plan = self._plan()
-            self._cursor = plan.cursor if plan.cursor is not None else self._cursor
-            run = _EpochRun(self, self._batches(plan), self._position, plan.next_cursor)
+            run = _EpochRun(self, self._batches(plan), self._position, plan)
+        if run.cursor is not None:  # the cursor as planned: with what planning recorded (a callable's weights)
+            self._cursor = run.cursor
         self._active = run
         try:
             while True:
@@ -328,9 +329,9 @@ class _EpochRun:
     """Background assembly of one epoch's batches for one rank."""
 
     def __init__(self, loader: Loader, batches: list[np.ndarray] | list[ExchangeStep], start: int,
-                 next_cursor: dict | None = None) -> None:
+                 plan: EpochPlan) -> None:
         self.loader = loader
-        self.next_cursor = next_cursor  # the source's cursor at the start of the next epoch
+        self.cursor, self.next_cursor = plan.cursor, plan.next_cursor  # the source's, for this epoch and the next
         self.ds = loader.dataset
         self.exchange = loader._exchange
         self.batches = batches
