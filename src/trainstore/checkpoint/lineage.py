@@ -17,13 +17,20 @@ until retention removes them (``lifecycle.retention``).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
 from collections.abc import Callable
 
 from ..chunks import content_hash
-from ..errors import AlreadyExistsError, ConflictError, ManifestError, NotFoundError
+from ..errors import (
+    AlreadyExistsError,
+    ConflictError,
+    ManifestError,
+    NotFoundError,
+    StoreUnavailableError,
+)
 from ..naming import check_name
 from ..store.base import Buffer, Store
 from ..store.checked import read_checked
@@ -38,6 +45,7 @@ from .layout import (
 )
 from .manifest import MAX_MANIFEST_BYTES, Manifest
 
+log = logging.getLogger("trainstore.checkpoint")
 RUN_FIELD = "run"
 PARENT_FIELD = "parent_step"
 
@@ -142,26 +150,46 @@ class RunLineage:
         if not self._given and run_of(m) is not None and m.step == newest:
             self.run = run_of(m)  # type: ignore[assignment]
 
-    def saved(self, step: int) -> None:
-        self.position, self._check = step, False
+    @property
+    def pending(self) -> bool:
+        """Whether the next save may reach an existing step (its check runs on the save thread)."""
+        return self._check
 
-    def follow(self, step: int, on_abandon: Callable[[int, int | None, list[int]], None]) -> int | None:
-        """Before a save of ``step``: if it exists and this run has not saved yet, abandon the
-        steps the new lineage leaves behind and start a new run (``on_abandon(step, parent,
-        moved)``). Returns the parent step to record."""
-        if not self._check:
-            return self.position
-        steps = list_steps(self.store, self.job)
+    def saved(self, step: int) -> tuple[bool, int | None]:
+        """Caller thread, as a save of ``step`` is queued: the (check, position) its ``follow``
+        needs; later saves of this run continue from ``step``."""
+        ticket = (self._check, self.position)
+        self.position, self._check = step, False
+        return ticket
+
+    def follow(self, step: int, ticket: tuple[bool, int | None],
+               on_abandon: Callable[[int, int | None, list[int]], None]) -> int | None:
+        """Save thread, before the save of ``step`` (``ticket`` from ``saved``): if it exists
+        and this run has not saved yet, abandon the steps the new lineage leaves behind and
+        start a new run (``on_abandon(step, parent, moved)``). Returns the parent step."""
+        check, position = ticket
+        if not check:
+            return position
+        steps = self._steps()
         if not any(s >= step for s in steps):
             older = [s for s in steps if s < step]
-            return self.position if self.position is not None else (older[-1] if older else None)
-        parent = self.position if self.position is not None and self.position < step else None
+            return position if position is not None else (older[-1] if older else None)
+        parent = position if position is not None and position < step else None
         cut = step if parent is None else parent + 1
         if not self._given:
             self.run = new_run_id()
         moved = abandon(self.store, self.job, [s for s in steps if s >= cut])
         on_abandon(step, parent, sorted(s for s, _ in moved))
         return parent
+
+    def _steps(self) -> list[int]:
+        """The lineage's steps; with a tier past the write view unreachable (a durable outage),
+        those of the write view (its commit cannot ask that tier either)."""
+        try:
+            return list_steps(self.store, self.job)
+        except StoreUnavailableError as exc:
+            log.warning("lineage check of job %r: %s; using the steps of %s", self.job, exc, self.store.write_view().url)
+            return list_steps(self.store.write_view(), self.job)
 
 
 def load_abandoned(store: Store, key: str) -> Manifest:

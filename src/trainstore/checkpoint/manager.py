@@ -151,17 +151,17 @@ class CheckpointManager:
                 log.warning(msg)
                 return SaveHandle(step, kind, None, skipped=True)
             self._wait_inflight()
-        parent = self._follow_lineage(step, backend)
-        backend.check_free(step)
+        if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
+            backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
                     "created": time.time(), "code_version": self._code_version, "trainstore_version": trainstore_version(),
-                    "extra": jsonable(extra or {}, "extra"), lineage.RUN_FIELD: self.run, lineage.PARENT_FIELD: parent}
+                    "extra": jsonable(extra or {}, "extra")}
         staged = backend.stage(state)
         del state  # the live tensors may change from here on
         blocked = time.perf_counter() - t0
-        fut = self._executor.submit(self._write, backend, step, kind, staged, metadata)
+        ticket = self._lineage.saved(step)
+        fut = self._executor.submit(self._write, backend, step, kind, staged, metadata, ticket)
         self._saves.start(step, fut)
-        self._lineage.saved(step)
         handle = SaveHandle(step, kind, fut, blocked_s=blocked)
         self._notify("save_staged", step=step, kind=kind, blocked_s=blocked)
         if blocking:
@@ -173,8 +173,9 @@ class CheckpointManager:
         """The run id this manager records in its manifests (``lineage``)."""
         return self._lineage.run
 
-    def _follow_lineage(self, step: int, backend: SaveBackend) -> int | None:
-        """A save reaching an existing step rolls back or starts a fresh lineage (``lineage``)."""
+    def _follow_lineage(self, step: int, backend: SaveBackend, ticket: tuple[bool, int | None]) -> int | None:
+        """Save thread: a save reaching an existing step rolls back or starts a fresh lineage
+        (``lineage``); remote tiers are asked here, never on the caller's clock."""
         def abandoned(step: int, parent: int | None, moved: list[int]) -> None:
             backend.lineage_changed()
             log.warning("checkpoint step %d of job %r exists from an earlier run: %s as run %r; steps %s kept under "
@@ -183,7 +184,7 @@ class CheckpointManager:
                         self.run, moved, abandoned_prefix(self.job))
             self._notify("lineage", step=step, run=self.run, parent=parent, abandoned=moved)
 
-        return self._lineage.follow(step, abandoned)
+        return self._lineage.follow(step, ticket, abandoned)
 
     def start_run(self, from_step: int | None = None, run: str | None = None) -> None:
         """Declare where the next saves continue from, for callers that load state by other
@@ -216,9 +217,12 @@ class CheckpointManager:
                 found = self._backends.setdefault(name, found)
         return found
 
-    def _write(self, backend: SaveBackend, step: int, kind: str, staged: Any, metadata: dict) -> CheckpointInfo:
-        """The save thread: the backend writes and commits; then the hooks run."""
+    def _write(self, backend: SaveBackend, step: int, kind: str, staged: Any, metadata: dict,
+               ticket: tuple[bool, int | None]) -> CheckpointInfo:
+        """The save thread: the lineage check, the backend writes and commits; then the hooks run."""
         try:
+            parent = self._follow_lineage(step, backend, ticket)
+            metadata = {**metadata, lineage.RUN_FIELD: self.run, lineage.PARENT_FIELD: parent}
             info = backend.write(step, kind, staged, metadata)
         except BaseException as exc:
             self.failures.failed(step, kind, exc)
