@@ -244,3 +244,49 @@ def test_parquet_pages_fuzzed(data):
 @given(st.one_of(_PARQUET_FOOTERS, _PARQUET_ANYWHERE))
 def test_parquet_fuzzed_long(data):
     _parquet_dir(data)
+
+
+def _inconsistent_footers(count: int) -> list[bytes]:
+    """One-byte corruptions of a Parquet footer that still parses but whose row groups do not
+    add up to its row count."""
+    base = PARQUET[False]
+    found = []
+    for pos in range(max(0, len(base) - 1200), len(base) - 8):
+        for byte in (0x00, 0x01, 0x40, 0x7F, 0xFF):
+            data = bytearray(base)
+            data[pos] = byte
+            try:
+                meta = pq.read_metadata(pa.BufferReader(bytes(data)))
+                counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            except (pa.ArrowException, OSError):
+                continue
+            if sum(counts) != meta.num_rows or any(n < 0 for n in counts):
+                found.append(bytes(data))
+    assert len(found) >= count
+    return found[::len(found) // count][:count]
+
+
+def test_parquet_footer_with_inconsistent_row_counts_is_refused():
+    """The fuzzer's find: a footer whose row groups do not hold its row count raised
+    IndexError out of ``ds[i]``."""
+    for data in _inconsistent_footers(4):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, content in {"a.parquet": PARQUET[False], "b.parquet": data}.items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(content)
+            with pytest.raises(TrainstoreError, match=r"b\.parquet"):
+                _serve_everything(tmp, os.path.join(tmp, "hot"))
+
+
+@pytest.mark.parametrize("shape", [b"[[[[", b'{"a": 1}', b'["x", 3]', b"[-1, -3]", b"[" * 5000 + b"]" * 5000, b"\xff"])
+def test_parquet_shape_metadata_that_is_not_a_shape(shape):
+    """Field metadata ``shape`` (how trainstore gives a flat list a tensor shape) in a file
+    from elsewhere is only a claim: a malformed one is a SchemaError naming the folder."""
+    field = pa.field("x", pa.list_(pa.float32(), 3), metadata={b"shape": shape})
+    table = pa.Table.from_arrays([pa.array([[1.0, 2.0, 3.0]] * 4, field.type)], schema=pa.schema([field]))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.join(tmp, "shaped")
+        os.makedirs(root)
+        pq.write_table(table, os.path.join(root, "a.parquet"))
+        with pytest.raises(TrainstoreError, match=r"shaped.*column 'x'"):
+            _serve_everything(root, os.path.join(tmp, "hot"))

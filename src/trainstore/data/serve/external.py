@@ -44,7 +44,11 @@ def describe_parquet(store: Store, listed: dict[str, ObjectMeta],
     shards = []
     for key in keys:
         meta = footers[key] = parquet_footer(store, key, listed[key].size)
-        file_schema = meta.schema.to_arrow_schema()
+        try:
+            file_schema = meta.schema.to_arrow_schema()
+            file_schema.names  # noqa: B018 - decodes every name: not UTF-8 raises here, not later
+        except (pa.ArrowException, ValueError) as exc:
+            raise IntegrityError(f"{store.url}/{key}: the footer's schema is not readable ({exc})") from None
         if schema is None:
             schema = file_schema
         elif not file_schema.remove_metadata().equals(schema.remove_metadata()):

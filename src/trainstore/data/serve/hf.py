@@ -89,7 +89,8 @@ def describe_hf(store: Store, listed: dict[str, ObjectMeta],
                 shard = ARROW_STREAM.open(path)
                 rows, file_schema = shard.num_rows, shard.schema
                 shard.close()
-            except (pa.ArrowException, OSError) as exc:
+                file_schema.names  # noqa: B018 - decodes every name: not UTF-8 raises here, not later
+            except (pa.ArrowException, OSError, ValueError) as exc:
                 raise IntegrityError(f"{store.url}/{key}: not a readable Arrow IPC stream ({exc})") from None
         if schema is None:
             schema = file_schema

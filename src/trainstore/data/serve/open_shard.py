@@ -33,10 +33,18 @@ def column_spec(version: DatasetVersion, name: str) -> ColumnSpec:
         return None, ()
     width = int(np.prod(shape)) if shape else 1
     declared = desc.get("shape")
-    if declared is None and field.metadata and b"shape" in field.metadata:
-        declared = json.loads(field.metadata[b"shape"])
+    try:
+        if declared is None and field.metadata and b"shape" in field.metadata:
+            declared = json.loads(field.metadata[b"shape"])
+        if declared is not None and shape:
+            declared = [int(x) for x in declared]
+            if any(d < 0 for d in declared):
+                raise ValueError(declared)
+    except (ValueError, TypeError, RecursionError):  # metadata of a file trainstore did not write
+        where = version.extra.get("source") or version.id
+        raise SchemaError(f"{where}: column {name!r} has a shape {str(declared)[:80]!r} that is not a list "
+                          "of sizes") from None
     if declared is not None and shape:
-        declared = [int(x) for x in declared]
         if int(np.prod(declared)) != width:
             raise SchemaError(f"column {name!r}: shape {declared} does not match list size {width}")
         shape = declared  # a flat list may carry a multi-dimensional shape

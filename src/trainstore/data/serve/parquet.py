@@ -64,7 +64,16 @@ def _open_parquet(store: Store, key: str, size: int, footer: pq.FileMetaData | N
 
 def parquet_footer(store: Store, key: str, size: int) -> pq.FileMetaData:
     """The footer of Parquet object ``key`` (read by ranges; ``IntegrityError`` if corrupt)."""
-    return _open_parquet(store, key, size)[1].metadata
+    return check_footer(_open_parquet(store, key, size)[1].metadata, f"{store.url}/{key}")
+
+
+def check_footer(meta: pq.FileMetaData, where: str) -> pq.FileMetaData:
+    """``meta`` if its row groups hold its row count (a footer from elsewhere may claim any
+    numbers; serving indexes row groups by them); else ``IntegrityError`` naming ``where``."""
+    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    if any(n < 0 for n in counts) or sum(counts) != meta.num_rows:
+        raise IntegrityError(f"{where}: footer says {meta.num_rows} rows, its row groups hold {counts[:20]}")
+    return meta
 
 
 def column_chunk_ranges(meta: pq.FileMetaData, group: int, columns: Sequence[str]) -> list[tuple[int, int]]:
@@ -145,6 +154,7 @@ class ParquetRows:
     def _know(self, shard: int, meta: pq.FileMetaData) -> pq.FileMetaData:
         """Check ``meta`` against the manifest, keep it and the shard's row-group starts."""
         info = self.shards[shard]
+        check_footer(meta, self.where(shard))
         if meta.num_rows != info.rows:
             raise IntegrityError(f"{self.where(shard)}: has {meta.num_rows} rows, manifest says {info.rows}")
         with self._lock:
@@ -168,6 +178,10 @@ class ParquetRows:
             table = file.read_row_group(group, columns=list(self.specs))
         except (pa.ArrowException, OSError) as exc:  # a damaged page, a page CRC mismatch
             raise IntegrityError(f"{self.where(shard)}: row group {group} does not decode ({exc})") from None
+        expected = file.metadata.row_group(group).num_rows
+        if table.num_rows != expected:
+            raise IntegrityError(f"{self.where(shard)}: row group {group} decodes to {table.num_rows} rows, "
+                                 f"its footer says {expected}")
         plain = file.metadata.row_group(group).total_byte_size
         if plain:
             self._seen_ratio = max(self._seen_ratio, table.nbytes / plain)
@@ -306,5 +320,5 @@ class CachedParquetShard:
             self.handle.close()
 
 
-__all__ = ["FOOTER_PROBE", "WINDOW_SHARDS", "CachedParquetShard", "ParquetRows", "RangeFile", "column_chunk_ranges",
-           "decoded_size", "group_starts", "parquet_footer"]
+__all__ = ["FOOTER_PROBE", "WINDOW_SHARDS", "CachedParquetShard", "ParquetRows", "RangeFile", "check_footer",
+           "column_chunk_ranges", "decoded_size", "group_starts", "parquet_footer"]
