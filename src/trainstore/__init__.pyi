@@ -9,10 +9,10 @@ __version__: str
 
 from .checkpoint import (
     CheckpointInfo as CheckpointInfo,
-    CheckpointManager as CheckpointManager,
     CheckpointPolicy as CheckpointPolicy,
 )
 from .chunks import ChunkRef as ChunkRef, ChunkStore as ChunkStore
+from .lifecycle.managed import CheckpointManager as CheckpointManager  # + max_to_keep / keep_best
 from .lifecycle.registry import Registry as Registry
 from .lifecycle.retention import RetentionPolicy as RetentionPolicy
 from .nodecache import NodeCache as NodeCache
