@@ -16,6 +16,7 @@ from trainstore import (
     open_store,
 )
 from trainstore.data import (
+    Dataset,
     DatasetVersion,
     IngestConfig,
     Ingestor,
@@ -23,6 +24,7 @@ from trainstore.data import (
     LoaderConfig,
     load_version,
 )
+from trainstore.data.serve import Mixture, PiecewiseLinear
 from trainstore.errors import ChunkCorruptError, NotFoundError
 from trainstore.provenance import code_version, trainstore_version
 from trainstore.store import Store
@@ -49,6 +51,15 @@ def dataset_version(url: str, wal_dir: str) -> DatasetVersion:
     return load_version(store, "raw", made.version)
 
 
+def mixture_batches(web: Dataset, code: Dataset) -> int:
+    """A Dataset and a Mixture both go where the Loader takes a source (``serve.source``)."""
+    mix = Mixture({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3}, seed=0)
+    anneal = Mixture({"web": web, "code": code},
+                     PiecewiseLinear({0: {"web": 0.7, "code": 0.3}, 1000: {"web": 0.2, "code": 0.8}}))
+    state = Loader(mix, 32).state_dict()
+    return len(Loader(web, 32)) + len(Loader(anneal, 32)) + int(mix.progress(state)["web"]["samples"])
+
+
 def provenance() -> tuple[str, str | None, str]:
     return trainstore_version(), code_version("."), trainstore.__version__
 
@@ -63,5 +74,5 @@ def errors(store: Store) -> str:
     return ""
 
 
-__all__ = ["checkpoint_loop", "dataset_version", "provenance", "errors", "ChunkStore", "Registry", "Loader",
+__all__ = ["checkpoint_loop", "dataset_version", "mixture_batches", "provenance", "errors", "ChunkStore", "Registry", "Loader",
            "LoaderConfig"]

@@ -38,14 +38,21 @@ class EpochPlan:
 
 @runtime_checkable
 class ServeSource(Protocol):
-    """A servable source of rows (see the module doc)."""
+    """A servable source of rows (see the module doc); read-only members as properties, so
+    plain attributes of a narrower type implement them."""
 
-    shards: Sequence[Any]
-    offsets: np.ndarray
-    column_names: tuple[str, ...]
-    max_shard_bytes: int
-    cache_limit: int
-    cache_limit_reason: str
+    @property
+    def shards(self) -> Sequence[Any]: ...
+    @property
+    def offsets(self) -> np.ndarray: ...
+    @property
+    def column_names(self) -> tuple[str, ...]: ...
+    @property
+    def max_shard_bytes(self) -> int: ...
+    @property
+    def cache_limit(self) -> int: ...
+    @property
+    def cache_limit_reason(self) -> str: ...
 
     def __len__(self) -> int: ...
     def take(self, indices: Any) -> dict[str, np.ndarray]: ...
