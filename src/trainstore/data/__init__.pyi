@@ -12,6 +12,7 @@ from .layouts import (
 )
 from .serve.dataset import Dataset as Dataset, DatasetConfig as DatasetConfig
 from .serve.loader import Loader as Loader, LoaderConfig as LoaderConfig
+from .serve.mixture import Mixture as Mixture
 from .serve.write import write_arrow_dataset as write_arrow_dataset
 from .transforms.cleaning import DROP as DROP, CleanConfig as CleanConfig, clean as clean
 from .transforms.runner import TransformConfig as TransformConfig, transform as transform
