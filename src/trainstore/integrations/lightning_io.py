@@ -123,6 +123,16 @@ class TrainstoreIOBase:
     def torn_down(self) -> bool:
         return self._torn_down
 
+    def __getstate__(self) -> dict:
+        """Pickled for Lightning's spawn launcher: the configuration, no lock, manager or alias state."""
+        if self._mgrs:
+            raise ConfigError("TrainstoreCheckpointIO cannot be sent to spawned processes after its first use")
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     # -- managers --------------------------------------------------------------------------
     @property
     def store_url(self) -> str:
