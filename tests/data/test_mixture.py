@@ -417,3 +417,27 @@ def test_callable_outputs_of_an_epoch_planned_ahead_are_recorded(sources):
     resumed.load_state_dict(state)
     got = np.concatenate([*first, *run(resumed)])
     assert np.array_equal(got, straight)
+
+
+def test_schedule_in_tokens_places_breakpoints_at_the_tokens_seen(tmp_path):
+    store = open_store(str(tmp_path / "durable"))
+    srcs = {}
+    for name, n, length in (("web", 200, 10), ("math", 200, 30)):  # every doc of a source has its mean length
+        idx = np.arange(n, dtype=np.int64) + BASE[name]
+        write_arrow_dataset(store, name, pa.table({"idx": idx, "tokens": pa.array(
+            [[int(i)] * length for i in idx], pa.list_(pa.int32()))}), 50)
+        srcs[name] = Dataset(store, f"{name}@1", cache_dir=tmp_path / "hot")
+    means = {"web": 10, "math": 30}
+    sched = PiecewiseLinear({0: {"web": 1, "math": 0}, 1000: {"web": 1, "math": 0}, 4000: {"web": 0, "math": 1}},
+                            unit="tokens", tokens_per_sample=means)
+    batches = list(Loader(Mixture(srcs, sched, num_samples=300), 10, world_size=1, rank=0))
+    lengths = np.concatenate([[len(d) for d in b["tokens"]] for b in batches])
+    seen = np.cumsum(lengths) - lengths  # tokens before each sample
+    is_math = lengths == 30
+    assert not is_math[seen < 1000].any() and is_math[seen >= 4000 + 30].all()
+    mid = (seen >= 2400) & (seen < 2600)  # halfway in tokens: weights 1/2, 1/2
+    assert is_math[mid].mean() == pytest.approx(0.5, abs=0.2)
+    with pytest.raises(ConfigError, match="tokens_per_sample"):
+        PiecewiseLinear({0: means}, unit="tokens")
+    with pytest.raises(ConfigError, match="no mean for sources"):
+        Mixture(srcs, PiecewiseLinear({0: {"web": 1, "math": 1}}, unit="tokens", tokens_per_sample={"web": 3}))

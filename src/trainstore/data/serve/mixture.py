@@ -48,6 +48,7 @@ from .schedule import (
     WeightCurve,
     as_schedule,
     describe,
+    token_means,
 )
 from .source import EpochPlan
 
@@ -246,7 +247,9 @@ class Mixture:
         got = self._eras.get(key)
         if got is None:
             sched = self._schedule_of(era)
-            got = EraStream(WeightCurve(sched, self.names, era["start"]), np.asarray(era["counts"]))
+            means = token_means(sched, self.names)  # a schedule in tokens: expected tokens at the era start
+            start_tokens = float(np.asarray(era["counts"]) @ means) if means is not None else 0.0
+            got = EraStream(WeightCurve(sched, self.names, era["start"], start_tokens), np.asarray(era["counts"]))
             self._eras[key] = got
         return got
 
@@ -259,8 +262,10 @@ class Mixture:
                     self.schedule.recorded.setdefault(m, w)
             return self.schedule
         if desc["kind"] == "piecewise":
+            means = desc.get("tokens_per_sample")
             return PiecewiseLinear({x: dict(zip(self.names, w)) for x, w in desc["points"]},
-                                   desc["unit"], desc["global_batch"])
+                                   desc["unit"], desc["global_batch"],
+                                   dict(zip(self.names, means)) if means is not None else None)
 
         def replay(x: int) -> dict[str, float]:
             raise ConfigError(f"weights of an earlier era ({desc['fn']}) at {x} were not recorded in the state")

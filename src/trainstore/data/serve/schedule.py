@@ -3,6 +3,10 @@
 The axis is *samples drawn from the mixture* (all ranks together). ``unit="steps"`` with a
 ``global_batch`` (batch size x world size) converts steps to samples, so after a resume on
 another world size the schedule keeps its place in the data seen, not in the step count.
+``unit="tokens"`` (``PiecewiseLinear`` only) with declared mean ``tokens_per_sample`` per source
+places each breakpoint at the sample where the *expected* tokens seen reach it (draws of each
+source x its mean; between breakpoints the weights are linear in samples): deterministic from
+the plan alone, exact in tokens when every sample of a source has its mean length.
 
 * ``PiecewiseLinear({0: {"web": .7, "code": .3}, 10_000: {"web": .4, "code": .6}})``: the
   (normalised) weights are interpolated linearly between breakpoints, held before the first
@@ -26,7 +30,7 @@ import numpy as np
 
 from ...errors import ConfigError
 
-UNITS = ("samples", "steps")
+UNITS = ("samples", "steps", "tokens")
 Weights = Mapping[str, float]
 
 
@@ -67,6 +71,7 @@ class PiecewiseLinear:
     points: Mapping[int, Weights]
     unit: str = "samples"
     global_batch: int | None = None
+    tokens_per_sample: Mapping[str, float] | None = None  # unit="tokens": mean tokens of a source's sample
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -74,6 +79,22 @@ class PiecewiseLinear:
         if any(int(x) < 0 for x in self.points):
             raise ConfigError(f"schedule breakpoints must be >= 0, got {sorted(self.points)}")
         _unit_scale(self.unit, self.global_batch)
+        if (self.unit == "tokens") != (self.tokens_per_sample is not None):
+            raise ConfigError("a schedule in tokens needs tokens_per_sample={source: mean tokens per sample} "
+                              "(and only one in tokens takes it)")
+        bad = {k: v for k, v in (self.tokens_per_sample or {}).items() if not math.isfinite(v) or v <= 0}
+        if bad:
+            raise ConfigError(f"tokens_per_sample must be positive, got {bad}")
+
+
+def token_means(schedule: Schedule, names: Sequence[str]) -> np.ndarray | None:
+    """Mean tokens per sample of each source (``names`` order) of a schedule in tokens, else None."""
+    if not isinstance(schedule, PiecewiseLinear) or schedule.tokens_per_sample is None:
+        return None
+    missing = [n for n in names if n not in schedule.tokens_per_sample]
+    if missing:
+        raise ConfigError(f"tokens_per_sample has no mean for sources {missing}")
+    return np.array([float(schedule.tokens_per_sample[n]) for n in names])
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,8 @@ class CallableSchedule:
     def __post_init__(self) -> None:
         if self.every <= 0:
             raise ConfigError(f"CallableSchedule every must be positive, got {self.every}")
+        if self.unit == "tokens":
+            raise ConfigError("CallableSchedule runs in samples or steps; a schedule in tokens is a PiecewiseLinear")
         _unit_scale(self.unit, self.global_batch)
 
 
@@ -112,8 +135,10 @@ def describe(schedule: Schedule, names: Sequence[str]) -> dict:
         return {"kind": "callable", "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}",
                 "every": schedule.every, "unit": schedule.unit, "global_batch": schedule.global_batch}
     pts = sorted((int(x), w) for x, w in schedule.points.items())
+    means = token_means(schedule, names)
     return {"kind": "piecewise", "unit": schedule.unit, "global_batch": schedule.global_batch,
-            "points": [[x, normalize(w, names, f"schedule breakpoint {x}").tolist()] for x, w in pts]}
+            "points": [[x, normalize(w, names, f"schedule breakpoint {x}").tolist()] for x, w in pts],
+            **({"tokens_per_sample": means.tolist()} if means is not None else {})}
 
 
 class WeightCurve:
@@ -123,7 +148,7 @@ class WeightCurve:
     infinity) with weights going linearly from ``wa[i]`` to ``wb[i]``.
     """
 
-    def __init__(self, schedule: Schedule, names: Sequence[str], start: int) -> None:
+    def __init__(self, schedule: Schedule, names: Sequence[str], start: int, start_tokens: float = 0.0) -> None:
         self.schedule, self.names, self.start = schedule, list(names), int(start)
         self.scale = _unit_scale(schedule.unit, schedule.global_batch)
         self.knots: list[float] = []
@@ -134,7 +159,8 @@ class WeightCurve:
         if isinstance(schedule, PiecewiseLinear):
             pts = sorted((int(x) * self.scale, normalize(w, names, f"schedule breakpoint {x}"))
                          for x, w in schedule.points.items())
-            self._build_linear(pts)
+            means = token_means(schedule, names)
+            self._build_linear(pts if means is None else self._tokens_to_samples(pts, means, start_tokens))
 
     def _push(self, a: float, wa: np.ndarray, wb: np.ndarray) -> None:
         if self.knots:
@@ -146,23 +172,39 @@ class WeightCurve:
         self.wa.append(wa)
         self.wb.append(wb)
 
-    def _build_linear(self, pts: list[tuple[int, np.ndarray]]) -> None:
-        def at(x: float) -> np.ndarray:
-            xs = [p[0] for p in pts]
-            i = int(np.searchsorted(xs, x, side="right")) - 1
-            if i < 0:
-                return pts[0][1]
-            if i >= len(pts) - 1:
-                return pts[-1][1]
-            (x0, w0), (x1, w1) = pts[i], pts[i + 1]
-            return w0 + (w1 - w0) * ((x - x0) / (x1 - x0))
+    def _tokens_to_samples(self, pts: list[tuple[int, np.ndarray]], means: np.ndarray,
+                           start_tokens: float) -> list[tuple[float, np.ndarray]]:
+        """Breakpoints in tokens -> in samples, from the era start (``start_tokens`` expected
+        tokens seen there): a segment from weights ``w0`` to ``w1`` linear in samples yields
+        ``L * (w0 + w1) . means / 2`` tokens."""
+        w = self._interp(pts, start_tokens)
+        out: list[tuple[float, np.ndarray]] = [(float(self.start), w)]
+        x, t = float(self.start), float(start_tokens)
+        for tk, wk in pts:
+            if tk > t:
+                x += 2.0 * (tk - t) / float((w + wk) @ means)
+                out.append((x, wk))
+                t, w = float(tk), wk
+        return out
 
+    @staticmethod
+    def _interp(pts: Sequence[tuple[float, np.ndarray]], x: float) -> np.ndarray:
+        xs = [p[0] for p in pts]
+        i = int(np.searchsorted(xs, x, side="right")) - 1
+        if i < 0:
+            return pts[0][1]
+        if i >= len(pts) - 1:
+            return pts[-1][1]
+        (x0, w0), (x1, w1) = pts[i], pts[i + 1]
+        return w0 + (w1 - w0) * ((x - x0) / (x1 - x0))
+
+    def _build_linear(self, pts: Sequence[tuple[float, np.ndarray]]) -> None:
         inner = [x for x, _ in pts if x > self.start]
         bounds = [float(self.start)] + [float(x) for x in inner]
         for k, a in enumerate(bounds):
             b = bounds[k + 1] if k + 1 < len(bounds) else None
-            wa = at(a)
-            self._push(a, wa, at(b) if b is not None else wa)
+            wa = self._interp(pts, a)
+            self._push(a, wa, self._interp(pts, b) if b is not None else wa)
         self.horizon = math.inf
 
     def ensure(self, x: float) -> None:
