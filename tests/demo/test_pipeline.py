@@ -171,4 +171,5 @@ def test_cli_rejects_memory_store_and_foreign_store(tmp_path):
     assert result.exit_code == 2 and "not empty" in result.stderr
     assert (foreign / "precious.txt").read_text() == "keep"
     result = CliRunner().invoke(app, ["report", "--store", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")])
-    assert result.exit_code == 2 and "no demo run record" in result.stderr
+    assert result.exit_code == 2 and "NotFoundError" in result.stderr and "empty" in result.stderr  # not created
+    assert not (tmp_path / "empty").exists()

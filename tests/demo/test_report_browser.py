@@ -21,6 +21,7 @@ SCREENSHOT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "report
 CHECK = """JSON.stringify({
   status: document.getElementById('plot-status').getAttribute('data-ok'),
   text: document.body.innerText,
+  lineage: Array.from(document.querySelectorAll('#plot-lineage text')).map(e => e.textContent).join(' | '),
   plots: Array.from(document.querySelectorAll('svg.plot')).map(e => {
     const b = e.getBoundingClientRect();
     return {id: e.id, rendered: e.getAttribute('data-rendered'), marks: e.querySelectorAll('.mark').length,
@@ -45,7 +46,7 @@ def test_report_renders_in_chromium(demo_run, tmp_path):
     page = json.loads(result["value"])
     assert page["status"] == "yes"
     assert "plots rendered" not in page["text"] and "scripts off" not in page["text"]  # no self-check text
-    assert "\u2026" not in page["text"] and "status" in page["text"]  # nothing cut; checkpoint status column
+    assert "\u2026" not in page["lineage"] and "status" in page["text"]  # labels whole; checkpoint status column
     assert [p["id"] for p in page["plots"]] == list(PLOTS)
     for p in page["plots"]:
         assert p["rendered"] == "yes" and p["marks"] >= 3 and p["width"] > 300 and p["height"] > 100, p

@@ -51,3 +51,12 @@ def test_report_marks_bad_rounds_and_cuts_nothing():
     assert "\u2026" not in html[html.index('id="plot-lineage"'):]
     assert "zstd-bytegroup" in html and "shuffle + zstd" not in html
     assert "scripts off" not in html and "not checked" not in html
+
+
+def test_regenerate_hint_carries_the_endpoint():
+    from trainstore.demo.pipeline import report_command
+
+    cmd = report_command("s3://b/demo", {"endpoint": "http://127.0.0.1:9000", "allow_http": True}, "/tmp/r.html")
+    assert cmd == ("trainstore report --store s3://b/demo --endpoint http://127.0.0.1:9000 --allow-http "
+                   "--out /tmp/r.html")
+    assert report_command("./.demo/store", {}, "r.html") == "trainstore report --store ./.demo/store --out r.html"

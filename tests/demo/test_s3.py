@@ -24,6 +24,8 @@ def test_demo_on_s3(s3_url, tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["demo", "--small", "--store", url, *args, "--work-dir", str(tmp_path / "work"),
                                       "--report", str(tmp_path / "report.html")], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
+    hint = " ".join(result.output.split())  # the regenerate hint names the endpoint the run used
+    assert f"trainstore report --store {url} --endpoint {opts['endpoint']}" in hint, result.output
     run = load_run(open_store(url, **opts))
     assert run["crash"]["compare"]["identical"] and run["corruption"]["detected"]
     assert run["lifecycle"]["export"]["matches_checkpoint"] and "stable" in run["lifecycle"]["model"]["aliases"]

@@ -232,5 +232,5 @@ def register(app: typer.Typer) -> None:
         """Regenerate the demo's HTML report from the run record saved in a store."""
         from ..demo.report import report_from_store
 
-        path = report_from_store(flags.open(store), out)
+        path = report_from_store(flags.open(store, read_only=True), out)
         default_console.print(f"report: {escape(path)}")

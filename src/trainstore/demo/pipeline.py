@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import time
 from collections.abc import Iterator
@@ -95,6 +96,19 @@ def _log_to(path: str) -> Iterator[None]:
         logger.propagate = saved[1]
 
 
+def report_command(store_url: str, options: dict, out: str) -> str:
+    """The ``trainstore report`` command line that regenerates ``out`` from the same store: with
+    the endpoint options the run used (without them an s3:// URL goes to the real cloud)."""
+    args = ["trainstore", "report", "--store", shlex.quote(store_url)]
+    if options.get("endpoint"):
+        args += ["--endpoint", shlex.quote(str(options["endpoint"]))]
+    if options.get("region"):
+        args += ["--region", shlex.quote(str(options["region"]))]
+    if options.get("allow_http") is not None:
+        args.append("--allow-http" if options["allow_http"] else "--no-allow-http")
+    return " ".join([*args, "--out", shlex.quote(out)])
+
+
 def run_demo(store_url: str = DEFAULT_STORE, store_options: dict | None = None, *, size: str = "default",
              work_dir: str = DEFAULT_WORK, report_path: str = DEFAULT_REPORT, overwrite: bool = False,
              console: Console | None = None) -> dict:
@@ -138,8 +152,8 @@ def run_demo(store_url: str = DEFAULT_STORE, store_options: dict | None = None, 
     ctx.record["total_s"] = time.perf_counter() - t0
     print_summary(console, compute_summary(ctx.record))
     console.print(f"report: [cyan]{escape(ctx.record['report'])}[/cyan] (regenerate with "
-                  f"`trainstore report --store {escape(store_url)}`); log: {escape(log_path)}")
+                  f"`{escape(report_command(store_url, options, ctx.record['report']))}`); log: {escape(log_path)}")
     return ctx.record
 
 
-__all__ = ["DEFAULT_REPORT", "DEFAULT_STORE", "DEFAULT_WORK", "run_demo"]
+__all__ = ["DEFAULT_REPORT", "DEFAULT_STORE", "DEFAULT_WORK", "report_command", "run_demo"]
