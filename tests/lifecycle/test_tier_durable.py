@@ -85,7 +85,8 @@ def full_durable_dir(tmp_path) -> Iterator[str]:
 
 @pytest.mark.timeout(120)
 def test_failed_durable_copy_is_raised_by_the_manager_and_listed(tmp_path, full_durable_dir):
-    tiers = Tiering(str(tmp_path / "hot"), full_durable_dir, policy=TierPolicy(hot_gc_grace=0))
+    # retry_durable=False: each failed copy is reported at once (the default retries it: test_durable_outage)
+    tiers = Tiering(str(tmp_path / "hot"), full_durable_dir, policy=TierPolicy(hot_gc_grace=0, retry_durable=False))
     big = 600_000  # 2.4 MB of float32 noise (stored raw): more than the durable tier holds
     mgr = tiers.manager("run", policy=FULLS, options=SMALL)
     mgr.save(0, state(0, big), blocking=True)

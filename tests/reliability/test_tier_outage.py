@@ -41,7 +41,9 @@ def state(step: int) -> dict:
 def test_hot_saves_succeed_while_the_durable_bucket_is_down(tmp_path, fault_proxy, flaky_s3):
     url, opts = flaky_s3
     hot = str(tmp_path / "hot")
-    tiers = Tiering(hot, url, durable_options=opts, policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0))
+    # retry_durable=False: each failed copy is reported (the default retries it: test_durable_outage)
+    tiers = Tiering(hot, url, durable_options=opts, policy=TierPolicy(hot_keep_last=5, hot_gc_grace=0,
+                                                                      retry_durable=False))
     mgr = tiers.manager("run", policy=FULLS, options=SMALL)
     mgr.save(0, state(0), blocking=True)
     mgr.wait()  # durable

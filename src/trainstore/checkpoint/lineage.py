@@ -144,10 +144,17 @@ class RunLineage:
             self.run = check_name(run, "run id") if run is not None else new_run_id()
             self._given = run is not None
 
-    def restored(self, m: Manifest, newest: int | None) -> None:
-        """Training continues from ``m``; restoring the newest step continues its run."""
+    def restored(self, m: Manifest) -> None:
+        """Training continues from ``m``; restoring the newest step continues its run (a
+        store that cannot list now - a tier down - starts a new one: only a name differs)."""
         self.position, self._check = m.step, True
-        if not self._given and run_of(m) is not None and m.step == newest:
+        if self._given or run_of(m) is None:
+            return
+        try:
+            newest = list_steps(self.store, self.job)[-1:]
+        except StoreUnavailableError:
+            return
+        if newest == [m.step]:
             self.run = run_of(m)  # type: ignore[assignment]
 
     @property

@@ -409,7 +409,7 @@ class CheckpointManager:
             raise NoValidCheckpointError(f"no checkpoint of job {self.job!r} could be restored; tried: "
                                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
         m, why, state = found
-        self._lineage.restored(m, self.latest_step())
+        self._lineage.restored(m)
         result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
                                repairs=self.repairs[repairs_before:], partial=partial[0] if partial else None,
                                lossy=LossyReport.of(m))

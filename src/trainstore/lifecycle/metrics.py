@@ -93,6 +93,15 @@ class CheckpointMetrics:
                                      registry=r)
         self.repairs = Counter(p + "repairs", "Bad chunk copies replaced by a good copy from another tier or "
                                "a replica, by the tier (store URL) that held the bad copy", ["job", "tier"], registry=r)
+        # the durable backlog of write-back tiering (``Tiering(observers=[metrics.observe])``)
+        self.backlog_checkpoints = Gauge(p + "durable_backlog_checkpoints", "Checkpoints committed hot whose "
+                                         "durable copy is still to come", ["job"], registry=r)
+        self.backlog_bytes = Gauge(p + "durable_backlog_bytes", "Stored bytes in the hot tier waiting for "
+                                   "their durable copy", ["job"], registry=r)
+        self.durable_lag = Gauge(p + "durable_lag_seconds", "How long the oldest checkpoint without a durable "
+                                 "copy has waited (0: the durable tier is up to date)", ["job"], registry=r)
+        self.durable_failing = Gauge(p + "durable_copy_failing", "1 while durable copies fail (an outage: "
+                                     "retried with backoff)", ["job"], registry=r)
         self.store = store
         self.persist = persist and store is not None
         self._lock = threading.Lock()
@@ -145,6 +154,11 @@ class CheckpointMetrics:
             self.durable.labels(job).observe(f["since_created"])
             self.bytes.labels(job, f.get("tier", "durable"), "stored").inc(f.get("copied_bytes", 0))
             add.update(durable_copies=1, durable_seconds=f["since_created"])
+        elif event == "durable_backlog":
+            self.backlog_checkpoints.labels(job).set(f["checkpoints"])
+            self.backlog_bytes.labels(job).set(f["bytes"])
+            self.durable_lag.labels(job).set(f["lag_s"])
+            self.durable_failing.labels(job).set(1 if f["failing"] else 0)
         if add:
             # save_staged runs on the training loop's thread: count it, write with the next event
             self._persist(job, add, write=event != "save_staged")

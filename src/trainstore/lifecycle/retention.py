@@ -235,6 +235,8 @@ def plan_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, no
     fulls = [m.step for m in manifests if m.kind == "full"]
     if fulls and any(reasons.values()):
         reasons[fulls[-1]].append("newest full checkpoint (base of the next incrementals)")
+    for s in _hot_only(store, job, reasons):  # its only copy: a durable outage never costs a checkpoint
+        reasons[s].append("not durable yet (only the hot tier holds it)")
     for m in manifests:  # bases of kept incrementals (deltas always refer to a full checkpoint)
         if m.kind == "incremental" and reasons[m.step] and m.base_step in reasons:
             reasons[m.base_step].append(f"base of kept incremental step {m.step}")  # type: ignore[index]
@@ -255,6 +257,15 @@ def plan_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, no
             f"{job!r} in {store.url}; add a rule such as LatestN(1), or pass allow_delete_all=True"
         )
     return plan
+
+
+def _hot_only(store: Store, job: str, steps: Any) -> set[int]:
+    """Steps of ``job`` that a tiered store's first tier alone holds (write-back: not copied yet)."""
+    tiers = store.tiers()
+    if len(tiers) < 2:
+        return set()
+    beyond = {s for t in tiers[1:] for s in mf.list_steps(t, job)}
+    return {s for s in mf.list_steps(tiers[0], job) if s in steps and s not in beyond}
 
 
 def _abandoned_decisions(store: Store, job: str, rule: Rule, view: RetentionView) -> list[Decision]:
@@ -366,7 +377,11 @@ def retention_hook(policy: Rule | RetentionPolicy) -> Callable[[Any, Any], None]
     cache: ManifestCache = {}  # manifests read by earlier runs (one listing per save, not one read per checkpoint)
 
     def hook(info: Any, manager: Any) -> None:
-        apply_retention(manager.store, manager.job, policy, cache=cache)
+        try:
+            apply_retention(manager.store, manager.job, policy, cache=cache)
+        except StoreUnavailableError as exc:  # a tier is down: nothing is deleted, training goes on
+            log.warning("retention of job %r skipped after step %d (a tier is unreachable; it runs again after "
+                        "the next save): %s", manager.job, info.step, exc)
 
     hook.__name__ = f"retention({describe(policy)})"
     return hook

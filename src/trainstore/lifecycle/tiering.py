@@ -10,6 +10,12 @@
 * The manager's post-commit hook queues a **durable copy** (background thread): chunks the
   durable tier lacks, then the manifest with a conditional create, then a tier record
   ``jobs/<job>/checkpoints/<step>/tier.json`` (created, restore_ready_at, durable_at).
+* A durable tier that is down does not stop training (``backlog``): a copy failing with a
+  store error is retried with backoff, later copies wait in order behind it, retention keeps
+  every hot checkpoint that has no durable copy, and ``backlog_status`` / metrics / logs say
+  how far behind the durable tier is. Only a limit the user set stops training (raised at
+  the next save): ``durable_rpo`` or ``max_hot_backlog_bytes``. ``retry_durable=False``
+  reports the first failed copy at the next save instead (the behaviour before the backlog).
 * After each copy, checkpoints past the hot rule (``hot_keep_last``, ``hot_max_age``) that
   are durable are **evicted** from hot, and hot chunks nothing references any more are
   collected (the gc protocol keeps concurrent saves safe).
@@ -37,22 +43,22 @@ from functools import partial
 from typing import Any
 
 from ..checkpoint import manifest as mf
-from ..checkpoint.lease import CopyLease
-from ..chunks import ChunkStore, RepairEvent
+from ..chunks import RepairEvent
 from ..durations import parse_duration
 from ..errors import (
-    AlreadyExistsError,
     BackgroundError,
     ConfigError,
-    ConflictError,
     NotFoundError,
+    StoreError,
     TrainstoreError,
 )
 from ..store import open_store
 from ..store.base import Store
 from ..store.tiered import TieredStore
+from .backlog import BacklogStatus, DurableBacklog
 from .gc import GcOptions, collect_garbage
 from .retention import delete_checkpoint
+from .tiercopy import copy_checkpoint
 
 log = logging.getLogger("trainstore.lifecycle.tiering")
 TIER_NAME = "tier.json"
@@ -67,10 +73,24 @@ class TierPolicy:
     archive_after: float | str | None = None  # move durable full checkpoints older than this to the archive
     evict_after_copy: bool = True  # evict (and collect hot chunks) after each durable copy
     hot_gc_grace: float | str = "10m"  # hot chunks younger than this survive eviction's gc (in-flight saves)
+    retry_durable: bool = True  # retry a durable copy that fails with a store error (an outage), training goes on
+    retry_backoff: float | str = 1.0  # first retry delay, doubled per failed attempt ...
+    retry_backoff_max: float | str = "1m"  # ... up to this
+    durable_rpo: float | str | None = None  # stop training once a checkpoint waits longer for its durable copy
+    max_hot_backlog_bytes: int | None = None  # stop training once more bytes than this wait in hot for a copy
 
     def __post_init__(self) -> None:
         if not isinstance(self.hot_keep_last, int) or self.hot_keep_last < 1:
             raise ConfigError(f"hot_keep_last must be a positive int, got {self.hot_keep_last!r}")
+        for name in ("retry_backoff", "retry_backoff_max"):
+            value = parse_duration(getattr(self, name), name)
+            if value is None or value <= 0:
+                raise ConfigError(f"{name} must be a positive duration, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "durable_rpo", parse_duration(self.durable_rpo, "durable_rpo"))
+        b = self.max_hot_backlog_bytes
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+            raise ConfigError(f"max_hot_backlog_bytes must be None or a positive int, got {b!r}")
         object.__setattr__(self, "hot_max_age", parse_duration(self.hot_max_age, "hot_max_age"))
         object.__setattr__(self, "archive_after", parse_duration(self.archive_after, "archive_after"))
         object.__setattr__(self, "hot_gc_grace", parse_duration(self.hot_gc_grace, "hot_gc_grace"))
@@ -101,50 +121,14 @@ def _tier_key(job: str, step: int) -> str:
     return mf.step_prefix(job, step) + TIER_NAME
 
 
-def copy_checkpoint(src: Store, dst: Store, job: str, step: int, workers: int = 4, *,
-                    fallbacks: Sequence[Store] = (),
-                    on_repair: Sequence[Callable[[RepairEvent], None]] = ()) -> int:
-    """Copy one checkpoint: chunks ``dst`` lacks, then the manifest (conditional create).
-    Returns the chunk bytes copied. Chunks missing in ``src`` must already be in ``dst``.
-
-    Every chunk is verified (length, decode, BLAKE3) before it is written, so bit rot in
-    ``src`` never spreads: a bad ``src`` copy is replaced by a good one from ``fallbacks``
-    (other tiers) or a replica, and the good bytes are copied; with no good copy anywhere the
-    copy raises ``ChunkCorruptError`` naming the chunk, and the manifest is not written.
-    """
-    raw = src.get(mf.manifest_key(job, step))
-    m = mf.Manifest.from_bytes(raw, mf.manifest_key(job, step))
-    view = TieredStore(src, *fallbacks[:2]) if fallbacks else src
-    reader = ChunkStore(view, on_repair=on_repair)
-    refs = {r.key(reader.prefix): r for r in mf.manifest_refs(m)}
-
-    def one(key: str) -> int:
-        if dst.exists(key):
-            return 0
-        data = reader.get_stored(refs[key])
-        dst.put(key, data)
-        return memoryview(data).nbytes
-
-    # the lease comes before any look at dst: a dst gc keeps what the copy reuses or writes
-    with CopyLease(dst, job, step, refs) as lease:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-tier-copy") as pool:
-            copied = sum(pool.map(one, sorted(refs)))
-        lease.check()
-        try:
-            dst.put_if_absent(mf.manifest_key(job, step), raw)
-        except AlreadyExistsError:
-            if bytes(memoryview(dst.get(mf.manifest_key(job, step)))) != bytes(memoryview(raw)):
-                raise ConflictError(f"step {step} of job {job!r} exists in {dst.url} with different content") from None
-    return copied
-
-
 class Tiering:
     """Hot/durable/archive tiers for the checkpoints of any number of jobs (see module doc)."""
 
     def __init__(self, hot: str | Store, durable: str | Store, *, archive: str | Store | None = None,
                  policy: TierPolicy | None = None, durable_options: dict | None = None,
                  archive_options: dict | None = None, workers: int = 4,
-                 observers: Sequence[Callable[[str, dict], None]] = ()) -> None:
+                 observers: Sequence[Callable[[str, dict], None]] = (),
+                 clock: Callable[[], float] = time.time) -> None:
         self.hot = open_store(hot)
         self.durable = open_store(durable, **(durable_options or {}))
         self.archive_store = open_store(archive, **(archive_options or {})) if archive is not None else None
@@ -157,31 +141,63 @@ class Tiering:
         self._pending: list[Future] = []
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
+        p = self.policy
+        self.backlog = DurableBacklog(p.durable_rpo, p.max_hot_backlog_bytes, p.retry_backoff,  # type: ignore[arg-type]
+                                      p.retry_backoff_max, clock, self._notify)  # type: ignore[arg-type]
 
     # -- integration with CheckpointManager -------------------------------------------------
     def manager(self, job: str, **kw: Any) -> Any:
         """A ``CheckpointManager`` for ``job`` on the tiered store, with the copy hook."""
         from ..checkpoint.manager import CheckpointManager
 
-        hooks = [self.hook, *kw.pop("hooks", ())]
+        hooks = [self.hook, self.limits_hook, *kw.pop("hooks", ())]
         return CheckpointManager(self.store, job, hooks=hooks, **kw)
 
     def hook(self, info: Any, manager: Any) -> Future:
         """Post-commit hook: record restore-ready, queue the durable copy. Returns its future:
         the manager reports a failed copy at its next ``save``/``wait``/``close`` and waits
-        for the copy in ``wait``/``close`` (its checkpoints are durable when they return)."""
+        for the copy in ``wait``/``close`` (its checkpoints are durable when they return).
+        A durable outage is retried in the background (``limits_hook`` stops training)."""
         ready = time.time()
+        self.backlog.add(manager.job, info.step, info.stored_bytes)
         fut = self._pool.submit(self._copy_and_evict, manager.job, info.step, info.created, ready)
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()] + [fut]
         return fut
 
+    def limits_hook(self, info: Any, manager: Any) -> None:
+        """Post-commit hook after ``hook``: raise ``DurabilityLimitError`` (at the manager's
+        next save) when the durable backlog breaches a limit the user set."""
+        if self.policy.retry_durable:
+            self.backlog.check_limits(manager.job)
+
+    def backlog_status(self, job: str | None = None) -> BacklogStatus:
+        """How far behind the durable tier is (checkpoints, bytes, lag, failing copies)."""
+        return self.backlog.status(job)
+
+    def _copy(self, job: str, step: int, created: float, ready: float) -> None:
+        """The durable copy; a store error (an outage, a full bucket) is retried with backoff
+        while ``retry_durable``: later copies wait behind it, so they resume in order."""
+        while True:
+            try:
+                self.make_durable(job, step, created=created, restore_ready_at=ready)
+                return
+            except StoreError as exc:
+                if not self.policy.retry_durable or isinstance(exc, NotFoundError):
+                    raise
+                if not self.backlog.sleep(self.backlog.failed(job, step, exc)):
+                    raise BackgroundError(f"tiering closed while the durable copy of step {step} of job {job!r} "
+                                          f"was failing ({self.backlog.status(job)}); `trainstore ckpt tier sync` "
+                                          "copies it later") from exc
+
     def _copy_and_evict(self, job: str, step: int, created: float, ready: float) -> None:
         try:
-            self.make_durable(job, step, created=created, restore_ready_at=ready)
+            self._copy(job, step, created, ready)
+            self.backlog.done(job, step)
         except NotFoundError as exc:
             if not self.hot.exists(mf.manifest_key(job, step)):
                 log.info("tiering: step %d of job %r was deleted (retention) before its durable copy", step, job)
+                self.backlog.done(job, step)
                 return
             self._failed(BackgroundError(f"durable copy of step {step} of job {job!r} to the durable tier "
                                          f"({self.durable.url}) failed: {type(exc).__name__}: {exc}"), exc)
@@ -232,10 +248,13 @@ class Tiering:
 
     def _repaired(self, job: str, event: RepairEvent) -> None:
         """A tier copy met a bad copy and repaired it: tell the observers (metrics)."""
+        self._notify("repair", {"job": job, "key": event.key, "tier": event.store, "source": event.source})
+
+    def _notify(self, event: str, fields: dict) -> None:
         for obs in self.observers:
             try:
-                obs("repair", {"job": job, "key": event.key, "tier": event.store, "source": event.source})
-            except Exception as exc:  # noqa: BLE001
+                obs(event, fields)
+            except Exception as exc:  # noqa: BLE001 - monitoring never breaks a copy
                 log.warning("tiering observer failed: %s", exc)
 
     def sync(self, job: str) -> list[int]:
@@ -262,10 +281,17 @@ class Tiering:
             raise errors[0]
 
     def close(self) -> None:
+        """Wait for the queued copies (a failing one is retried until it succeeds or a
+        limit is breached); see ``abandon`` to give up on an outage."""
         try:
             self.wait()
         finally:
+            self.backlog.close()
             self._pool.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """Stop retrying failing durable copies (they stay hot; ``sync`` copies them later)."""
+        self.backlog.close()
 
     # -- eviction and archiving ------------------------------------------------------------
     def evict_plan(self, job: str, now: float | None = None) -> list[tuple[int, bool, str]]:
