@@ -174,7 +174,7 @@ _STORE_PARAMS = (
     inspect.Parameter("region", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
                       default=typer.Option(None, "--region", help="S3 region")),
     inspect.Parameter("allow_http", inspect.Parameter.KEYWORD_ONLY, annotation=bool | None,
-                      default=typer.Option(None, "--allow-http/--no-allow-http", help="allow plain http endpoints")),
+                      default=typer.Option(None, "--allow-http/--no-allow-http", help="plain http:// endpoints are allowed by default; --no-allow-http refuses them")),
 )
 
 
