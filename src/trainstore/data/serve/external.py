@@ -1,7 +1,8 @@
 """Existing data on any store URL as a read-only ``DatasetVersion``, with no conversion.
 
 ``describe_external`` lists the store and detects the layout: a Hugging Face ``datasets``
-folder (``state.json`` / ``dataset_info.json``, see ``serve.hf``) or a directory of Parquet
+folder (``state.json`` / ``dataset_info.json``, see ``serve.hf``), a Lance dataset
+(``_versions/`` + ``data/*.lance``, see ``serve.lancedir``) or a directory of Parquet
 files (``*.parquet``, recursively, in name order; names starting with ``_`` or ``.`` such as
 ``_SUCCESS`` are skipped). Parquet row counts and schema come from the footers, read by byte
 ranges. Every file must have the first file's schema (``IntegrityError`` naming the file).
@@ -20,9 +21,11 @@ import pyarrow.parquet as pq
 from ...errors import IntegrityError, NotFoundError
 from ...nodecache import source_tag
 from ...store import ObjectMeta, Store
+from ..lance_layout import LANCE
 from ..layouts import ARROW_STREAM, PARQUET
 from ..versions import DatasetVersion, ShardInfo
 from .hf import LocalOpener, describe_hf, is_hf_folder
+from .lancedir import describe_lance, is_lance_folder
 from .parquet import parquet_footer
 
 #: ``DatasetVersion.extra`` entry of an external version: shard key -> content tag as listed
@@ -66,6 +69,9 @@ def describe_external(store: Store, open_local: LocalOpener,
     if is_hf_folder(set(listed)):
         layout = ARROW_STREAM.name
         schema, shards = describe_hf(store, listed, open_local)
+    elif is_lance_folder(set(listed)):
+        layout = LANCE.name
+        schema, shards = describe_lance(store, listed)
     else:
         layout = PARQUET.name
         schema, shards = describe_parquet(store, listed, footers)
