@@ -8,7 +8,7 @@ compute per step), grouped bars (checkpoint bytes logical vs stored), horizontal
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -113,8 +113,10 @@ def stacked_bars(plot_id: str, title: str, xs: Sequence[float], series: Sequence
 
 def grouped_bars(plot_id: str, title: str, categories: Sequence[str], series: Sequence[tuple[str, Sequence[float]]],
                  ylabel: str, scale: float = 1.0, sublabels: Sequence[str] = (), width: int = 900,
-                 height: int = 320) -> str:
-    """Side-by-side bars per category (e.g. logical vs stored bytes per checkpoint)."""
+                 height: int = 320, xlabel: str = "checkpoint step (F = full, I = incremental)",
+                 fmt: Callable[[float], str] = human_bytes, show_values: bool = False) -> str:
+    """Side-by-side bars per category (e.g. logical vs stored bytes per checkpoint); ``fmt``
+    formats a value for its tooltip (and, with ``show_values``, above its bar)."""
     left, right, top, bottom = 64, 16, 52, 56
     pw, ph = width - left - right, height - top - bottom
     ymax = _nice_max(max((v for _, vs in series for v in vs), default=0.0) / scale)
@@ -132,7 +134,10 @@ def grouped_bars(plot_id: str, title: str, categories: Sequence[str], series: Se
             x = left + i * gw + gw * 0.1 + k * bw
             out.append(f'<rect class="mark" x="{x:.2f}" y="{top + ph - h:.2f}" width="{max(bw - 0.5, 0.6):.2f}" '
                        f'height="{h:.2f}" fill="{PALETTE[k]}"><title>{escape(cat)}: {escape(name)} '
-                       f'{human_bytes(values[i])}</title></rect>')
+                       f'{escape(fmt(values[i]))}</title></rect>')
+            if show_values:
+                out.append(f'<text x="{x + bw / 2:.2f}" y="{top + ph - h - 3:.2f}" text-anchor="middle" '
+                           f'font-size="10" fill="#333">{escape(fmt(values[i]))}</text>')
         every = max(1, n // 16)
         if i % every == 0:
             out.append(f'<text x="{left + (i + 0.5) * gw:.1f}" y="{top + ph + 15}" text-anchor="middle" '
@@ -140,8 +145,7 @@ def grouped_bars(plot_id: str, title: str, categories: Sequence[str], series: Se
             if i < len(sublabels):
                 out.append(f'<text x="{left + (i + 0.5) * gw:.1f}" y="{top + ph + 29}" text-anchor="middle" '
                            f'fill="#888" font-size="10">{escape(sublabels[i])}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle" fill="#333">checkpoint step '
-               f'(F = full, I = incremental)</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle" fill="#333">{escape(xlabel)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
