@@ -9,11 +9,15 @@ achieved share of each source in every window of 1,000 samples (worst deviation 
 weight, in percentage points), and whether a mid-epoch resume on another world size (2 ranks
 -> 3 ranks) reads exactly the rest of the uninterrupted stream.
 
-Peers (litdata ``CombinedStreamingDataset``, mosaic ``Stream(proportion=...)``) are not run
-here: neither is installed in this environment (``benchmarks/peers.txt``).
+Peers (``--peers``, installed by ``make bench``): the same three sources written as litdata
+chunks and as mosaic MDS shards, mixed by litdata's ``CombinedStreamingDataset(weights=...)``
+and mosaic's ``Stream(proportion=...)``, one process, no workers: samples/s of one pass of
+``--samples`` samples and the same share deviation. Their mid-epoch resume on another world
+size is not run here (mosaic resumes on the same world size only; litdata's weighted
+combined dataset does not resume: see docs/loader.md).
 
 Run: ``.venv/bin/python benchmarks/loader_mixture.py`` (``--samples`` total rows,
-``--sample-kb``, ``--batch``, ``--epochs``, ``--mode``, ``--json``).
+``--sample-kb``, ``--batch``, ``--epochs``, ``--mode``, ``--peers``, ``--json``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ logging.getLogger("trainstore").setLevel(logging.ERROR)
 WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
 
 
-def write_sources(store, total: int, width: int, rows_per_shard: int) -> dict[str, int]:
+def write_sources(store, total: int, width: int, rows_per_shard: int) -> dict[str, dict[str, np.ndarray]]:
     """web and code 10 parts each, math 1 part; also all of them as one dataset ``all``."""
     sizes = dict(zip(WEIGHTS, (total * 10 // 21, total * 10 // 21, total - 2 * (total * 10 // 21))))
     rng = np.random.default_rng(0)
@@ -48,7 +52,7 @@ def write_sources(store, total: int, width: int, rows_per_shard: int) -> dict[st
         start += n
     write_arrow_dataset(store, "all", {k: np.concatenate([p[k] for p in parts.values()]) for k in ("idx", "x")},
                         rows_per_shard)
-    return sizes
+    return parts
 
 
 def samples_per_s(loader: Loader, epochs: int) -> float:
@@ -71,8 +75,54 @@ def plan_seconds(loader: Loader) -> float:
     return time.perf_counter() - t0
 
 
+def peer_litdata(root: str, parts: dict, batch: int, n: int) -> np.ndarray:
+    """idx of ``n`` samples of litdata's weighted CombinedStreamingDataset."""
+    from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset  # noqa: PLC0415
+    from litdata.streaming.writer import BinaryWriter  # noqa: PLC0415
+
+    for name, p in parts.items():
+        writer = BinaryWriter(cache_dir=f"{root}/lit/{name}", chunk_bytes=1 << 24)
+        for i in range(len(p["idx"])):
+            writer.add_item(i, {"idx": int(p["idx"][i]), "x": p["x"][i]})
+        writer.done()
+        writer.merge()
+    mixed = CombinedStreamingDataset([StreamingDataset(f"{root}/lit/{name}", shuffle=True, seed=0) for name in parts],
+                                     weights=list(WEIGHTS.values()), seed=0, iterate_over_all=False)
+    return take_n(StreamingDataLoader(mixed, batch_size=batch, num_workers=0), n)
+
+
+def peer_mosaic(root: str, parts: dict, batch: int, n: int) -> np.ndarray:
+    """idx of ``n`` samples of mosaic streaming's StreamingDataset over weighted Streams."""
+    from loader import import_streaming  # noqa: PLC0415 - benchmarks/loader.py: streaming's core only
+    from torch.utils.data import DataLoader  # noqa: PLC0415
+
+    MDSWriter, StreamingDataset = import_streaming()
+    from streaming.base import Stream  # noqa: PLC0415
+    from streaming.base.util import clean_stale_shared_memory  # noqa: PLC0415
+
+    for name, p in parts.items():
+        cols = {"idx": "int64", "x": f"ndarray:float32:{p['x'].shape[1]}"}
+        with MDSWriter(out=f"{root}/mds/{name}", columns=cols, size_limit=1 << 24) as out:
+            for i in range(len(p["idx"])):
+                out.write({"idx": int(p["idx"][i]), "x": p["x"][i]})
+    clean_stale_shared_memory()
+    streams = [Stream(local=f"{root}/mds/{name}", proportion=w) for name, w in WEIGHTS.items()]
+    ds = StreamingDataset(streams=streams, shuffle=True, batch_size=batch, epoch_size=n)
+    return take_n(DataLoader(ds, batch_size=batch, num_workers=0), n)
+
+
+def take_n(loader, n: int) -> tuple[np.ndarray, float]:
+    got, t0 = [], time.perf_counter()
+    for b in loader:
+        got.append(np.asarray(b["idx"]))
+        if sum(len(g) for g in got) >= n:
+            break
+    return np.concatenate(got)[:n], time.perf_counter() - t0
+
+
 def worst_share_deviation(sources: np.ndarray, window: int = 1000) -> float:
     w = np.array(list(WEIGHTS.values()))
+    window = min(window, len(sources))  # a peer that stopped early: its whole stream
     worst = 0.0
     for start in range(0, len(sources) - window + 1, window):
         share = np.bincount(sources[start:start + window], minlength=len(w)) / window
@@ -114,12 +164,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--mode", default="block")
+    ap.add_argument("--peers", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     width = max(1, int(a.sample_kb * 1024 // 4))
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         store = open_store(f"{tmp}/durable")
-        sizes = write_sources(store, a.samples, width, a.rows_per_shard)
+        parts = write_sources(store, a.samples, width, a.rows_per_shard)
+        sizes = {k: len(p["idx"]) for k, p in parts.items()}
         hot = f"{tmp}/hot-mixture"  # the baseline has its own node cache
         one = Dataset(store, "all@1", cache_dir=f"{tmp}/hot-single")
 
@@ -141,6 +193,13 @@ def main() -> None:
         lo.close()
         out["worst_share_deviation_pp_per_1000"] = worst_share_deviation(src)
         out["resume_2_to_3_reproduces_rest_of_epoch"] = resume_reproduces(make, a.batch)
+        bounds = np.cumsum([len(p["idx"]) for p in parts.values()])[:-1]
+        for name, run_peer in (("litdata", peer_litdata), ("mosaic", peer_mosaic)) if a.peers else ():
+            idx, secs = run_peer(tmp, parts, a.batch, a.samples)
+            out[f"{name}_samples_per_s_one_pass"] = len(idx) / secs
+            out[f"{name}_samples_delivered"] = len(idx)  # litdata stops when its smallest source runs out
+            out[f"{name}_worst_share_deviation_pp_per_1000"] = worst_share_deviation(np.searchsorted(bounds, idx,
+                                                                                                      side="right"))
     if a.json:
         print(json.dumps(out))
         return
