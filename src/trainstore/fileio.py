@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 
 import numpy as np
@@ -115,9 +116,12 @@ def replacing(path: str, *, durable: bool = True) -> Iterator[str]:
     on an error it is removed and ``path`` is untouched."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = create_temp(directory, os.path.basename(path))
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)  # 0o666 less the umask, as open() gives
     os.close(fd)
     try:
         yield tmp
+        if stat.S_IMODE(os.stat(tmp, follow_symlinks=False).st_mode) != mode:
+            os.chmod(tmp, mode)  # a library that recreated the file (safetensors: 0o600) gets the usual mode
         if durable:
             fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:

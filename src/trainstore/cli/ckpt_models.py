@@ -172,8 +172,11 @@ def export(url: str, ref: str | None = typer.Argument(None, help="model version:
            step: int | None = typer.Option(None, "--step", "-s"),
            dtype: str | None = typer.Option(None, "--dtype", help="cast floats to bf16 or fp16"),
            only: str | None = typer.Option(None, "--only", help="only tensors under this prefix, e.g. model/"),
+           all_state: bool = typer.Option(False, "--all", help="also the optimizer, RNG and other training "
+                                          "state (default: the model's weights only)"),
            json_out: bool = JsonOpt, flags: StoreFlags = StoreFlags()) -> None:
-    """Export a model version (or --job/--step) to safetensors, optionally cast to bf16/fp16."""
+    """Export a model version (or --job/--step) to safetensors, optionally cast to bf16/fp16: the
+    model's weights, without optimizer, RNG and loader state unless --all."""
     from ..lifecycle.export import export_safetensors, export_version
     from ..lifecycle.registry import Registry
 
@@ -182,11 +185,11 @@ def export(url: str, ref: str | None = typer.Argument(None, help="model version:
         if ref is not None:
             if job is not None or step is not None:
                 raise ConfigError("pass either a model version or --job/--step, not both")
-            res = export_version(Registry(store), ref, to, dtype=dtype, only=only)
+            res = export_version(Registry(store), ref, to, dtype=dtype, only=only, weights_only=not all_state)
         else:
             if job is None or step is None:
                 raise ConfigError("name a model version (MODEL@ALIAS) or both --job and --step")
-            res = export_safetensors(store, job, step, to, dtype=dtype, only=only)
+            res = export_safetensors(store, job, step, to, dtype=dtype, only=only, weights_only=not all_state)
     if json_out:
         emit_json(res.to_json())
         return

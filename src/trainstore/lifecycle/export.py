@@ -31,6 +31,12 @@ from ..errors import AlreadyExistsError, ConfigError, NotFoundError, StoreError
 from ..fileio import create_temp_dir, replacing, write_atomic
 from ..store.base import Store
 
+#: top-level state keys that hold training state, not model weights (optimizer, RNG, schedulers,
+#: data position, per-rank entries): left out of an export with ``weights_only``
+TRAINING_STATE = frozenset({"optim", "optimizer", "optimizers", "optimizer_states", "rng", "rngs", "lr_scheduler",
+                            "lr_schedulers", "scheduler", "schedulers", "scaler", "loader", "loaders", "data",
+                            "dataloader", "ranks", "callbacks", "loops"})
+
 CASTS = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", None: None}
 
 
@@ -72,8 +78,9 @@ def _load_tensors(store: Store, job: str, step: int, workers: int) -> tuple[mf.M
 
 def export_safetensors(store: Store, job: str, step: int, path: str | os.PathLike[str], *,
                        dtype: str | None = None, only: str | None = None, model_version: str | None = None,
-                       workers: int = 4) -> ExportResult:
-    """Write the tensors of ``job``@``step`` to ``path`` (safetensors) plus ``path.sha256``."""
+                       workers: int = 4, weights_only: bool = False) -> ExportResult:
+    """Write the tensors of ``job``@``step`` to ``path`` (safetensors) plus ``path.sha256``;
+    ``weights_only``: without the training state (``TRAINING_STATE``: optimizer, RNG, ...)."""
     if dtype not in CASTS:
         raise ConfigError(f"dtype must be one of bf16, fp16 (or None), got {dtype!r}")
     m, leaves = _load_tensors(store, job, step, workers)
@@ -81,6 +88,8 @@ def export_safetensors(store: Store, job: str, step: int, path: str | os.PathLik
             "trainstore.metrics": json.dumps(m.metrics)[:4096]}
     if model_version:
         meta["trainstore.model_version"] = model_version
+    if weights_only:
+        leaves = {k: v for k, v in leaves.items() if k.split("/", 1)[0] not in TRAINING_STATE}
     return write_safetensors(leaves, path, job=job, step=step, dtype=dtype, only=only, metadata=meta)
 
 
@@ -278,6 +287,6 @@ def export_version(registry: Any, ref: str, path: str | os.PathLike[str], **kw: 
     return export_safetensors(registry.store, mv.job, mv.step, path, model_version=mv.ref, **kw)
 
 
-__all__ = ["export_safetensors", "export_version", "write_safetensors", "state_tensors", "ExportResult", "CASTS",
+__all__ = ["TRAINING_STATE", "export_safetensors", "export_version", "write_safetensors", "state_tensors", "ExportResult", "CASTS",
            "write_safetensors_folder", "export_folder", "export_version_folder", "FolderExportResult",
            "registered_checkpoint", "parse_size", "plan_shards", "INDEX_NAME", "SUMS_NAME"]
