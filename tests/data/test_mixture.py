@@ -441,3 +441,16 @@ def test_schedule_in_tokens_places_breakpoints_at_the_tokens_seen(tmp_path):
         PiecewiseLinear({0: means}, unit="tokens")
     with pytest.raises(ConfigError, match="no mean for sources"):
         Mixture(srcs, PiecewiseLinear({0: {"web": 1, "math": 1}}, unit="tokens", tokens_per_sample={"web": 3}))
+
+
+@pytest.mark.parametrize(("workers", "prefetch"), [(1, 0), (3, 4)])
+def test_resume_does_not_depend_on_worker_count(sources, workers, prefetch):
+    straight, _ = resumed_stream(sources, [(1, None)], epochs=2)
+    got, state = resumed_stream(sources, [(2, 3)])
+    per_rank = []
+    for r in range(3):  # resumed on 3 ranks with another worker count and prefetch depth
+        lo = Loader(mix(sources), 6, seed=4, rank=r, world_size=3, workers=workers, prefetch=prefetch)
+        lo.load_state_dict(state)
+        per_rank.append(run(lo))
+    got = np.concatenate([got, *[x for step in zip(*per_rank) for x in step]])
+    assert np.array_equal(got, straight[:len(got)]) and len(got) >= 216
