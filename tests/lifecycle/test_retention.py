@@ -161,10 +161,10 @@ def test_manifest_cache_reads_each_manifest_once(store, monkeypatch):
     reads = []
     orig = rt.mf.load_manifest
     monkeypatch.setattr(rt.mf, "load_manifest", lambda st, job, step: reads.append(step) or orig(st, job, step))
-    cache: dict = {}
-    apply_retention(store, "j", RetentionPolicy(keep_last=3), now=NOW, cache=cache)
+    cache: dict = {}  # reclaim=False: the reclaim sweep's own reads (its cache): test_retention_reclaim
+    apply_retention(store, "j", RetentionPolicy(keep_last=3), now=NOW, cache=cache, reclaim=False)
     assert sorted(reads) == [1, 2, 3, 4, 5]
     make_ckpt(store, "j", 6, created=NOW)
-    plan = apply_retention(store, "j", RetentionPolicy(keep_last=3), now=NOW, cache=cache)
+    plan = apply_retention(store, "j", RetentionPolicy(keep_last=3), now=NOW, cache=cache, reclaim=False)
     assert sorted(reads) == [1, 2, 3, 4, 5, 6] and [d.step for d in plan.kept] == [4, 5, 6]
     assert {4, 5, 6} <= {k[0] for k in cache} <= {3, 4, 5, 6}  # pruned at the next listing

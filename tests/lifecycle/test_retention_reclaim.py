@@ -82,3 +82,18 @@ def test_ckpt_gc_says_when_the_rest_is_reclaimed(tmp_path):
     assert rep["too_young"] > 0 and rep["next_reclaim_at"] is not None
     r = CliRunner().invoke(app, ["ckpt", "gc", root], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "reclaimable from" in r.stdout, r.output
+
+
+def test_reclaim_after_every_save_reads_each_manifest_a_bounded_number_of_times(tmp_path, monkeypatch):
+    from collections import Counter
+
+    reads: Counter = Counter()
+    orig = mf.load_manifest
+    monkeypatch.setattr(mf, "load_manifest", lambda st, job, step, **kw: reads.update([step]) or orig(st, job, step, **kw))
+    with CheckpointManager(str(tmp_path / "store"), job="hf", options=SMALL,
+                           hooks=[retention_hook(RetentionPolicy(keep_last=2))]) as mgr:
+        for step in range(1, 9):
+            mgr.save(step, _state(step), blocking=True)
+        assert mgr.steps() == [7, 8] and _chunk_keys(mgr.store) == _referenced(mgr.store, "hf")
+    # once by retention (its cache), once by the reclaim sweep (its cache), not once per later save
+    assert max(reads[s] for s in range(1, 7)) <= 2, reads

@@ -38,10 +38,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..checkpoint import manifest as mf
-from ..checkpoint.layout import list_abandoned, list_jobs
+from ..checkpoint.layout import ABANDONED
 from ..checkpoint.lease import (
     CLOCK_SKEW_S,
     LEASE_RENEW_S,
@@ -108,36 +109,54 @@ def _now() -> float:
     return time.time()
 
 
+#: (manifest key, etag, size) -> the chunk keys it names: committed manifests never change
+#: in place (a key reused after a rollback has another etag), so a sweep repeated after each
+#: save (retention's reclaim) reads only the manifests that are new since the last one
+RefCache = dict
+
+
 def referenced_chunks(store: Store, *, ignore_unreadable: bool = False,
-                      on_manifest: Callable[[], Any] | None = None) -> tuple[set[str], int, int]:
+                      on_manifest: Callable[[], Any] | None = None,
+                      cache: RefCache | None = None) -> tuple[set[str], int, int]:
     """Chunk keys referenced by every committed manifest of every job, abandoned ones (a
     rollback's, kept until retention removes them) included: (keys, manifests, jobs)."""
     keys: set[str] = set()
-    n = 0
-    jobs = list_jobs(store, abandoned=True)
-    for job in jobs:
-        for m in (*mf.list_manifests(store, job), *_abandoned_manifests(store, job)):
-            if isinstance(m, ManifestError):
+    jobs: set[str] = set()
+    fresh: RefCache = {}
+    for meta, job, load in _manifest_keys(store):
+        ident = (meta.key, meta.etag, meta.size)
+        named = cache.get(ident) if cache is not None and meta.etag else None
+        if named is None:
+            try:
+                named = frozenset(mf.manifest_chunk_keys(load()))
+            except NotFoundError:
+                continue  # deleted since it was listed
+            except ManifestError as exc:
                 if not ignore_unreadable:
-                    raise ManifestError(f"gc refuses to run: {m} (it cannot know which chunks that manifest "
-                                        "references; repair or delete it, or pass ignore_unreadable)")
-                log.warning("gc: ignoring unreadable manifest: %s", m)
+                    raise ManifestError(f"gc refuses to run: {exc} (it cannot know which chunks that manifest "
+                                        "references; repair or delete it, or pass ignore_unreadable)") from None
+                log.warning("gc: ignoring unreadable manifest: %s", exc)
                 continue
-            keys |= mf.manifest_chunk_keys(m)
-            n += 1
-            if on_manifest is not None:
-                on_manifest()
-    return keys, n, len(jobs)
+        fresh[ident] = named
+        keys |= named
+        jobs.add(job)
+        if on_manifest is not None:
+            on_manifest()
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
+    return keys, len(fresh), len(jobs)
 
 
-def _abandoned_manifests(store: Store, job: str) -> Iterator[mf.Manifest | ManifestError]:
-    for _step, _run, key in list_abandoned(store, job):
-        try:
-            yield load_abandoned(store, key)
-        except ManifestError as exc:
-            yield exc
-        except NotFoundError:
-            continue  # removed by retention while listing
+def _manifest_keys(store: Store) -> Iterator[tuple[Any, str, Callable[[], mf.Manifest]]]:
+    """(listing entry, job, loader) of every committed and abandoned manifest, one listing."""
+    for meta in list(store.list("jobs/")):
+        parts = meta.key.split("/")
+        if len(parts) == 5 and parts[2] == "checkpoints" and parts[4] == mf.MANIFEST_NAME \
+                and len(parts[3]) == mf.STEP_DIGITS and parts[3].isdigit():
+            yield meta, parts[1], partial(mf.load_manifest, store, parts[1], int(parts[3]))
+        elif len(parts) == 6 and parts[2] == ABANDONED and parts[5] == mf.MANIFEST_NAME:
+            yield meta, parts[1], partial(load_abandoned, store, meta.key)
 
 
 def lease_expiry(lease: dict, lease_ttl: float) -> float:
@@ -172,10 +191,10 @@ def live_leases(store: Store, now: float, lease_ttl: float, dry_run: bool) -> tu
 def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: bool = False,
                     now: Callable[[], float] = _now,
                     progress: Callable[[str, int, int], Any] | None = None,
-                    only: Mapping[str, int] | None = None) -> GcReport:
+                    only: Mapping[str, int] | None = None, cache: RefCache | None = None) -> GcReport:
     """One sweep over ``store`` (see module docstring). Returns a report with bytes reclaimed.
     ``only``: sweep just these chunk keys (key -> stored bytes), without the grace period
-    (``reclaim_released``)."""
+    (``reclaim_released``); ``cache``: what earlier sweeps read (``RefCache``)."""
     opts = options or GcOptions()
     t0 = now()
     report = GcReport(dry_run=dry_run)
@@ -198,7 +217,8 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
         # missing from this listing is either not written yet (the save will see our marker) or
         # dropped after a commit that the manifest listing below then sees.
         leased, report.leases = live_leases(store, t0, opts.lease_ttl, dry_run)  # type: ignore[arg-type]
-        refs, report.manifests, report.jobs = referenced_chunks(store, ignore_unreadable=opts.ignore_unreadable)
+        refs, report.manifests, report.jobs = referenced_chunks(store, ignore_unreadable=opts.ignore_unreadable,
+                                                                cache=cache)
         # A save may write chunks after the chunk listing and commit before the manifest
         # listing: its newest chunks look missing. Confirm with a HEAD before reporting.
         if only is None:
@@ -240,13 +260,16 @@ def collect_garbage(store: Store, options: GcOptions | None = None, *, dry_run: 
     return report
 
 
-def reclaim_released(store: Store, released: Mapping[str, int], options: GcOptions | None = None) -> GcReport:
+def reclaim_released(store: Store, released: Mapping[str, int], options: GcOptions | None = None,
+                     caches: dict[str, RefCache] | None = None) -> GcReport:
     """Delete now, in each tier of ``store``, the chunks of ``released`` (key -> stored bytes:
-    what deleted manifests named) that no manifest or lease references any more."""
+    what deleted manifests named) that no manifest or lease references any more.
+    ``caches``: a ``RefCache`` per tier URL, kept by the caller between calls."""
     opts = options or GcOptions()
     report = GcReport(dry_run=False)
     for tier in store.tiers():
-        rep = collect_garbage(tier, opts, only={k: n for k, n in released.items() if tier.exists(k)})
+        cache = caches.setdefault(tier.url, {}) if caches is not None else None
+        rep = collect_garbage(tier, opts, only={k: n for k, n in released.items() if tier.exists(k)}, cache=cache)
         report.deleted += rep.deleted
         report.bytes_reclaimed += rep.bytes_reclaimed
         report.referenced += rep.referenced
@@ -282,5 +305,5 @@ def _expire_markers(store: Store, now: float, ttl: float) -> None:
             store.delete(m.key)
 
 
-__all__ = ["GcOptions", "GcReport", "collect_garbage", "reclaim_released", "lease_expiry", "live_leases", "referenced_chunks",
+__all__ = ["GcOptions", "GcReport", "RefCache", "collect_garbage", "reclaim_released", "lease_expiry", "live_leases", "referenced_chunks",
            "sweep_markers", "LEASES", "LEASE_RENEW_S", "MIN_LEASE_TTL_S", "SWEEPS"]

@@ -323,9 +323,10 @@ def apply_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, d
                     now: float | None = None, protected: dict[int, str] | None = None,
                     on_delete: Callable[[Decision], Any] | None = None,
                     cache: ManifestCache | None = None, allow_delete_all: bool | None = None,
-                    reclaim: bool = True) -> RetentionPlan:
+                    reclaim: bool = True, ref_caches: dict | None = None) -> RetentionPlan:
     """Plan, then (unless ``dry_run``) delete what the plan drops and (``reclaim``) the chunks
-    only those checkpoints named (see module docstring). Returns the plan."""
+    only those checkpoints named (see module docstring; ``ref_caches``: the reclaim sweep's
+    ``gc.RefCache`` per tier, kept by the caller). Returns the plan."""
     plan = plan_retention(store, job, policy, now=now, protected=protected, cache=cache,
                           allow_delete_all=allow_delete_all)
     if dry_run:
@@ -349,11 +350,11 @@ def apply_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, d
             on_delete(d)
     plan.applied = True
     if reclaim and deleted:
-        plan.reclaimed_bytes = _reclaim(store, job, plan, deleted)
+        plan.reclaimed_bytes = _reclaim(store, job, plan, deleted, ref_caches)
     return plan
 
 
-def _reclaim(store: Store, job: str, plan: RetentionPlan, deleted: list[Decision]) -> int:
+def _reclaim(store: Store, job: str, plan: RetentionPlan, deleted: list[Decision], caches: dict | None) -> int:
     """Sweep at once the chunks the deleted checkpoints named and no kept one of ``job`` does;
     other jobs and live leases are checked by the sweep. A failure leaves them to ``gc``."""
     kept = {k for d in plan.kept for k, _n in d.chunks}
@@ -361,7 +362,7 @@ def _reclaim(store: Store, job: str, plan: RetentionPlan, deleted: list[Decision
     if not released:
         return 0
     try:
-        report = reclaim_released(store, released)
+        report = reclaim_released(store, released, caches=caches)
     except TrainstoreError as exc:
         log.warning("retention: could not reclaim the %d chunks released in job %r now (left to gc): %s",
                     len(released), job, exc)
@@ -375,10 +376,11 @@ def retention_hook(policy: Rule | RetentionPolicy) -> Callable[[Any, Any], None]
     """A ``CheckpointManager`` hook applying ``policy`` after each committed save."""
 
     cache: ManifestCache = {}  # manifests read by earlier runs (one listing per save, not one read per checkpoint)
+    ref_caches: dict = {}  # the same for the reclaim sweep, per tier
 
     def hook(info: Any, manager: Any) -> None:
         try:
-            apply_retention(manager.store, manager.job, policy, cache=cache)
+            apply_retention(manager.store, manager.job, policy, cache=cache, ref_caches=ref_caches)
         except StoreUnavailableError as exc:  # a tier is down: nothing is deleted, training goes on
             log.warning("retention of job %r skipped after step %d (a tier is unreachable; it runs again after "
                         "the next save): %s", manager.job, info.step, exc)
