@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +32,7 @@ import numpy as np
 from ...bytebudget import ByteBudget
 from ...devicecopy import CopyFence, cuda_available, to_device
 from ...errors import ConfigError
+from ..layouts import PARQUET
 from .dataset import Dataset, DatasetConfig
 from .decodeahead import DecodeAhead
 from .exchange import ExchangeStep, RowExchange
@@ -110,7 +112,7 @@ class Loader:
         drop_last: bool = False,
         collate: Callable[[dict[str, np.ndarray]], Any] | None = None,
         *,
-        shuffle_mode: str = "full",
+        shuffle_mode: str | None = None,
         block_shards: int = 4,
         as_torch: bool = False,
         metrics_registry: Any = None,
@@ -137,6 +139,13 @@ class Loader:
                 ),
             )
         self.dataset = dataset
+        if shuffle_mode is None:  # the default: full shuffle; Parquet shards are told once what fits them
+            shuffle_mode = "full"
+            if shuffle and isinstance(dataset, Dataset) and dataset.layout is PARQUET:
+                warnings.warn(f"Loader over Parquet shards ({dataset.source_id}) with the default full shuffle: "
+                              "shuffle_mode='block' reads each file once per epoch instead of row groups "
+                              "across all of them per batch (pass shuffle_mode='full' to keep it)",
+                              UserWarning, stacklevel=2)
         self.config = LoaderConfig(batch_size, shuffle, seed, shuffle_mode if shuffle else "none",
                                    block_shards, prefetch, workers, drop_last, as_torch,
                                    decode_ahead=decode_ahead, device=device)
@@ -198,6 +207,9 @@ class Loader:
         return _EpochRun(self, self._batches(plan), 0, plan)
 
     def __iter__(self) -> Iterator[Any]:
+        """The batches of the current epoch from the current position (a dict of column arrays,
+        or ``collate``'s result); at its end ``epoch`` moves on. Batches are assembled ahead
+        (``prefetch``) on threads, and the next epoch's first ones before this one ends."""
         ahead, self._ahead = self._ahead, None
         self._stop()
         if ahead is not None and ahead[0] == (self.epoch, self._position, tuple(self._segments)):
@@ -272,6 +284,9 @@ class Loader:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a ``state_dict()``: the next batch is the one after the last returned.
+        ``ConfigError`` if it was saved for another dataset or with other settings (batch size,
+        seed, shuffle); another world size is allowed (the rest is split anew)."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError(f"not a trainstore loader state: {str(state)[:80]!r}")
         if state.get("num_samples") != len(self.dataset) or state.get("dataset") != self.dataset.source_id:
