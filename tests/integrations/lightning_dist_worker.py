@@ -1,14 +1,16 @@
 """A real multi-process ``Trainer.fit`` (gloo, CPU) checkpointing through trainstore.
 
-    python lightning_dist_worker.py STORE JOB ROOT OUT --strategy ddp|fsdp --devices N
-        [--max-steps S] [--resume] [--ns pytorch_lightning|lightning]
+    [LIGHTNING_NS=lightning] python lightning_dist_worker.py STORE JOB ROOT OUT
+        --strategy ddp|ddp_spawn|fsdp --devices N [--max-steps S] [--resume] [--plain]
 
 Launched either by ``torchrun`` (Lightning sees the torchelastic environment) or plainly, when
-Lightning's own DDP launcher starts the other ranks (``subprocess``: it re-runs this script).
+Lightning's own DDP launcher starts the other ranks (``ddp``: subprocess, it re-runs this
+script; ``ddp_spawn``: multiprocessing spawn, pickling the module classes below).
 ``fsdp``: ``TrainstoreModelParallelStrategy`` with FSDP2 ``fully_shard`` in ``configure_model``.
-Rank 0 writes OUT (torch.save of full tensors: test output only): every parameter and the
-optimizer state at the end, the parameters right after the restore, the restored step and
-``last_restore``; then prints ``DONE``.
+``LIGHTNING_NS=lightning``: the unified ``lightning.pytorch`` namespace. ``--plain``: Lightning's
+own checkpointing (a baseline). Rank 0 writes OUT (torch.save of full tensors: test output
+only): every parameter and the optimizer state at the end, the parameters right after the
+restore, the restored step and ``last_restore``; then prints ``DONE``.
 """
 
 from __future__ import annotations
@@ -25,65 +27,76 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
 )
+from torch.distributed.fsdp import fully_shard
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from trainstore.integrations.torchdata import StatefulSampler
 
+UNIFIED = os.environ.get("LIGHTNING_NS") == "lightning"
+pl = importlib.import_module("lightning.pytorch" if UNIFIED else "pytorch_lightning")
+ts = importlib.import_module("trainstore.integrations.lightning_unified" if UNIFIED else "trainstore.integrations.lightning")
+
 ROWS = 64
 BATCH = 4
 
 
-def build(ns: str):  # noqa: ANN201 - the classes of the chosen Lightning namespace
-    pl = importlib.import_module("pytorch_lightning" if ns == "pytorch_lightning" else "lightning.pytorch")
-    ts = importlib.import_module("trainstore.integrations.lightning" if ns == "pytorch_lightning"
-                                 else "trainstore.integrations.lightning_unified")
+class Tiny(pl.LightningModule):
+    def __init__(self, shard: bool) -> None:
+        super().__init__()
+        self.shard = shard
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 
-    class Tiny(pl.LightningModule):
-        def __init__(self, shard: bool) -> None:
-            super().__init__()
-            self.shard = shard
-            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    def configure_model(self) -> None:
+        if self.shard:
+            mesh = self.device_mesh["data_parallel"]
+            for layer in self.net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
 
-        def configure_model(self) -> None:
-            if self.shard:
-                from torch.distributed.fsdp import fully_shard
-                mesh = self.device_mesh["data_parallel"]
-                for layer in self.net:
-                    if isinstance(layer, torch.nn.Linear):
-                        fully_shard(layer, mesh=mesh)
-                fully_shard(self.net, mesh=mesh)
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
 
-        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
+    def train_dataloader(self) -> StatefulDataLoader:
+        # built once torch.distributed runs: trainstore's plan splits each epoch across the
+        # ranks from (seed, epoch) and resumes mid-epoch from rank 0's saved position, on any
+        # world size (torch's DistributedSampler reshuffles after a mid-epoch resume)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(ROWS, 8, generator=g)
+        ds = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+        return StatefulDataLoader(ds, batch_size=BATCH, sampler=StatefulSampler(ds, BATCH, seed=2))
 
-        def train_dataloader(self) -> StatefulDataLoader:
-            # built once torch.distributed runs: trainstore's plan splits each epoch across the
-            # ranks from (seed, epoch) and resumes mid-epoch from rank 0's saved position, on any
-            # world size (torch's DistributedSampler reshuffles after a mid-epoch resume)
-            g = torch.Generator().manual_seed(1)
-            x = torch.randn(ROWS, 8, generator=g)
-            ds = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
-            return StatefulDataLoader(ds, batch_size=BATCH, sampler=StatefulSampler(ds, BATCH, seed=2))
+    def configure_optimizers(self) -> dict:
+        opt = torch.optim.AdamW(self.parameters(), lr=0.01)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)}
 
-        def configure_optimizers(self) -> dict:
-            opt = torch.optim.AdamW(self.parameters(), lr=0.01)
-            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)}
 
-    class Probe(pl.Callback):
-        def __init__(self) -> None:
-            self.after_restore: dict | None = None
+class Probe(pl.Callback):
+    """The parameters at the start of training (right after a restore)."""
 
-        def on_train_start(self, trainer, module) -> None:  # noqa: ANN001
-            self.after_restore = full_params(module)
+    def __init__(self) -> None:
+        self.after_restore: dict | None = None
 
-    return pl, ts, Tiny, Probe
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.after_restore = full_params(module)
 
 
 def full_params(module: torch.nn.Module) -> dict:
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return {k: v.detach().clone() for k, v in get_model_state_dict(module, options=opts).items()}
+
+
+def report(trainer: pl.Trainer, model: Tiny, probe: Probe, io: object, out: str) -> None:
+    params = full_params(model)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    optim = get_optimizer_state_dict(model, trainer.optimizers[0], options=opts)
+    if trainer.global_rank == 0:
+        last = getattr(io, "last_restore", None)  # None with Lightning's own checkpointing
+        torch.save({"params": params, "optim": optim, "after_restore": probe.after_restore,
+                    "restored": last.step if last is not None else -1, "global_step": trainer.global_step,
+                    "world": trainer.world_size, "last_restore": str(last)}, out)
 
 
 def main() -> None:
@@ -94,15 +107,13 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--ns", default="pytorch_lightning")
     ap.add_argument("--plain", action="store_true", help="Lightning's own checkpointing (a baseline)")
     args = ap.parse_args()
-    pl, ts, Tiny, Probe = build(args.ns)
     pl.seed_everything(0, verbose=False)
     io = ts.TrainstoreCheckpointIO(args.store, args.job)
     strategy = ts.trainstore_strategy("model_parallel" if args.strategy == "fsdp" else args.strategy, io)
     if args.plain:
-        strategy = pl.strategies.ModelParallelStrategy() if args.strategy == "fsdp" else "ddp"
+        strategy = pl.strategies.ModelParallelStrategy() if args.strategy == "fsdp" else args.strategy
     ckpt = pl.callbacks.ModelCheckpoint(dirpath=os.path.join(args.root, "ckpts"), every_n_train_steps=2,
                                         save_top_k=2, monitor="step", mode="max", save_last=True)
     probe = Probe()
@@ -111,14 +122,11 @@ def main() -> None:
                          callbacks=[ckpt, probe], default_root_dir=args.root, use_distributed_sampler=False)
     model = Tiny(shard=args.strategy == "fsdp")
     trainer.fit(model, ckpt_path="last" if args.resume else None)
-    params = full_params(model)
-    opt = trainer.optimizers[0]
-    optim = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if trainer.global_rank == 0:
-        restored = io.last_restore.step if io.last_restore is not None else -1
-        torch.save({"params": params, "optim": optim, "after_restore": probe.after_restore, "restored": restored,
-                    "global_step": trainer.global_step, "world": trainer.world_size,
-                    "last_restore": str(io.last_restore)}, args.out)
+    if args.strategy == "ddp_spawn":  # the fit ran in spawned processes; this one only launched them
+        trainer.strategy.checkpoint_io.teardown()
+        print("DONE rank 0", flush=True)
+        return
+    report(trainer, model, probe, trainer.strategy.checkpoint_io, args.out)
     if dist.is_initialized():
         dist.barrier()
     print(f"DONE rank {trainer.global_rank}", flush=True)

@@ -28,7 +28,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHON
 
 
 def launch(tmp: Path, out: str, strategy: str, *, devices: int = 2, torchrun: bool = True, steps: int = 12,
-           resume: bool = False, run: str = "run", plain: bool = False) -> subprocess.Popen:
+           resume: bool = False, run: str = "run", plain: bool = False, unified: bool = False) -> subprocess.Popen:
     args = [WORKER, str(tmp / "store"), "job", str(tmp / run), str(tmp / out), "--strategy", strategy,
             "--devices", str(devices), "--max-steps", str(steps)] + (["--resume"] if resume else []) \
         + (["--plain"] if plain else [])
@@ -39,6 +39,8 @@ def launch(tmp: Path, out: str, strategy: str, *, devices: int = 2, torchrun: bo
     else:  # Lightning's DDP launcher (subprocess) starts the other ranks itself
         cmd = [sys.executable, *args]
         env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if unified:
+        env = {**env, "LIGHTNING_NS": "lightning"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp))
 
 
@@ -114,6 +116,16 @@ def test_ddp_resume_is_bit_identical_subprocess_and_torchrun_launchers(tmp_path,
         m = mgr.manifest(12)
         assert "dcp" not in m.metadata and m.metadata["extra"]["lightning"]["layout"] == "full"  # rank 0 wrote it once
         assert all(r.ok for r in mgr.verify())
+
+
+def test_unified_namespace_spawn_launcher_then_pytorch_lightning_resume(tmp_path, references):
+    """``lightning.pytorch`` with the spawn launcher saves; ``pytorch_lightning`` under torchrun
+    resumes the same job: bit-identical to the uninterrupted run."""
+    ref = references("ddp")
+    finish(launch(tmp_path, "part.pt", "ddp_spawn", steps=6, torchrun=False, unified=True),
+           "6 steps, lightning.pytorch, spawn launcher")
+    finish(launch(tmp_path, "resumed.pt", "ddp", resume=True), "resume, pytorch_lightning, torchrun")
+    check_resumed(tmp_path, ref.result(), "resumed.pt")
 
 
 def test_fsdp2_resume_through_the_dcp_backend(tmp_path, references):

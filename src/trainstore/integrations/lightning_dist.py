@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -93,9 +94,19 @@ class _Channel:
 
 
 class ShardedSaves:
-    """Strategy mixin: sharded saves and loads through the trainstore plugin (see module docstring)."""
+    """Strategy mixin: sharded saves and loads through the trainstore plugin (see module docstring).
+    ``io=``: the ``TrainstoreCheckpointIO`` (or pass it in ``plugins=[...]``)."""
 
     _trainstore_channel: _Channel | None = None
+
+    def __init__(self, *args: Any, io: TrainstoreIOBase | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("save_distributed_checkpoint", True)
+        if not kwargs["save_distributed_checkpoint"]:
+            raise ConfigError(f"{type(self).__name__}(save_distributed_checkpoint=False) gathers the full state on "
+                              "rank 0: use the framework's strategy with plugins=[TrainstoreCheckpointIO(...)] for that")
+        super().__init__(*args, **kwargs)
+        if io is not None:
+            self.checkpoint_io = io
 
     def trainstore_io(self) -> TrainstoreIOBase:
         io = self.checkpoint_io  # type: ignore[attr-defined]
@@ -176,4 +187,55 @@ class ShardedSaves:
             self.trainstore_io().remove_checkpoint(filepath)
 
 
-__all__ = ["ShardedSaves", "unsupported", "REST", "SUPPORTED"]
+DDP_NAMES = {"ddp": "popen", "ddp_subprocess": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork",
+             "ddp_notebook": "fork"}
+
+
+@dataclass(frozen=True)
+class LightningClasses:
+    """The plugin and strategy classes of one Lightning namespace (``pytorch_lightning`` or
+    ``lightning.pytorch``: two class hierarchies), and the strategy checks over them."""
+
+    io: type
+    model_parallel: type  # trainstore's (sharded saves)
+    framework_model_parallel: type  # the framework's (its own DCP directory)
+    ddp: type
+    single: type
+
+    def check(self, strategy: Any) -> Any:
+        """``strategy`` if trainstore supports it, else ``ConfigError`` naming it and the way out."""
+        if isinstance(strategy, (self.model_parallel, self.ddp, self.single)):
+            return strategy
+        name = type(strategy).__name__
+        if isinstance(strategy, self.framework_model_parallel):
+            name += " writing its own DCP directory (use TrainstoreModelParallelStrategy)"
+        raise unsupported(name)
+
+    def strategy(self, strategy: Any, io: TrainstoreIOBase, **kwargs: Any) -> Any:
+        """The strategy to pass as ``Trainer(strategy=...)``, ``io`` attached: ``"ddp"`` (any DDP
+        launcher: ``"ddp_spawn"``, ``"ddp_subprocess"``, torchrun), ``"model_parallel"`` /
+        ``"fsdp2"`` (sharded), or a Strategy instance to check. Anything else (``"deepspeed"``,
+        ``"fsdp"`` - FSDP1 -, XLA) raises ``ConfigError`` naming it and what to use instead."""
+        if not isinstance(strategy, str):
+            self.check(strategy)
+            strategy.checkpoint_io = io
+            return strategy
+        name = strategy.lower()
+        if name in DDP_NAMES:
+            return self.ddp(start_method=DDP_NAMES[name], checkpoint_io=io, **kwargs)
+        if name in ("model_parallel", "fsdp2"):
+            return self.model_parallel(io=io, **kwargs)
+        raise unsupported(repr(strategy))
+
+
+def build_classes(module: str, checkpoint_io: type, model_parallel: type, ddp: type, single: type) -> LightningClasses:
+    """The classes of one namespace, named as attributes of ``module`` (pickle finds them)."""
+    io = type("TrainstoreCheckpointIO", (TrainstoreIOBase, checkpoint_io),
+              {"__module__": module, "__doc__": "Lightning ``CheckpointIO`` saving to a trainstore job (lightning_io)."})
+    mp = type("TrainstoreModelParallelStrategy", (ShardedSaves, model_parallel),
+              {"__module__": module, "__doc__": "``ModelParallelStrategy`` (FSDP2) whose sharded checkpoints go "
+               "through trainstore's dcp backend (lightning_dist): ``TrainstoreModelParallelStrategy(io=...)``."})
+    return LightningClasses(io, mp, model_parallel, ddp, single)
+
+
+__all__ = ["ShardedSaves", "LightningClasses", "build_classes", "unsupported", "REST", "SUPPORTED"]

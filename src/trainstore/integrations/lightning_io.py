@@ -41,10 +41,13 @@ from .lightning_pointers import (
     AliasRecord,
     Ref,
     as_loaded_through,
+    is_tensor_file,
     norm_path,
     read_pointer,
+    read_tensor_file,
     remove_pointer,
     write_pointer,
+    write_tensor_file,
 )
 from .lightning_state import content_hash, is_sharded
 
@@ -262,8 +265,11 @@ class TrainstoreIOBase:
             raise ConfigError(f"a sharded (DTensor) state reached TrainstoreCheckpointIO.save_checkpoint for {path}: "
                               "Lightning's FSDP / ModelParallelStrategy do not save through a CheckpointIO; use "
                               "trainstore's strategy (trainstore.integrations.lightning.trainstore_strategy)")
-        step = check_global_step(checkpoint, path)
         name = norm_path(path)
+        if "global_step" not in checkpoint and "://" not in name:
+            write_tensor_file(name, checkpoint)  # the spawn launcher's hand-off of rank 0's weights
+            return
+        step = check_global_step(checkpoint, path)
         encoded = pyvalues.encode(checkpoint, self.allow_pickle_paths)
         digest = content_hash(encoded)
         ref, save = self.place(step, digest)
@@ -290,6 +296,8 @@ class TrainstoreIOBase:
         Tensors come back on the CPU (Lightning moves them to the module's device).
         ``weights_only`` is accepted and needs nothing: the format never unpickles.
         """
+        if is_tensor_file(os.fspath(path)):
+            return read_tensor_file(os.fspath(path))
         self.wait()  # saves of this process are visible before we pick one
         ref, last, why = self.resolve(path)
         result = self.restore(ref, last, None, LAYOUT_FULL)

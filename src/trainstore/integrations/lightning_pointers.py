@@ -16,8 +16,10 @@ import os
 import tempfile
 from typing import Any
 
+import torch
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+from safetensors.torch import load_file, save_file
 
 from ..errors import ConfigError, NotFoundError
 from ..fileio import fsync_dir, unlink_quietly
@@ -90,6 +92,29 @@ def read_pointer(path: str) -> dict:
     return doc
 
 
+def write_tensor_file(path: str, state: dict) -> None:
+    """A dict of tensors that is no training checkpoint (no ``global_step``: the spawn launcher
+    hands rank 0's weights to the main process this way) as a safetensors file at ``path``."""
+    bad = [str(k) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if bad:
+        raise ConfigError(f"Lightning state for {path} has no global_step and is not a flat dict of tensors "
+                          f"({', '.join(bad[:3])}): only training checkpoints are saved to the trainstore job")
+    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}, path)
+
+
+def is_tensor_file(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < (1 << 30)
+
+
+def read_tensor_file(path: str) -> dict:
+    return dict(load_file(path))
+
+
 class AliasRecord:
     """Lightning path -> (job, step), and the (job, step) refs the plugin created (only these
     are ever dropped when no path names them any more). Kept in the store."""
@@ -141,5 +166,5 @@ def as_loaded_through(checkpoint: dict, last_path: str) -> None:
             state["last_model_path"] = os.path.join(state["dirpath"], os.path.basename(last_path))
 
 
-__all__ = ["POINTER_FORMAT", "ALIASES_FORMAT", "AliasRecord", "Ref", "aliases_key", "norm_path", "write_pointer",
+__all__ = ["write_tensor_file", "is_tensor_file", "read_tensor_file", "POINTER_FORMAT", "ALIASES_FORMAT", "AliasRecord", "Ref", "aliases_key", "norm_path", "write_pointer",
            "remove_pointer", "read_pointer", "as_loaded_through"]
