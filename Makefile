@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch pinned exactly: a CPU wheel on this machine; never a plain `torch` requirement.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[torch,data,ray,test,hf,lightning,torchdata,torchtitan,lance]'
+	$(PIP) install -q -e '.[torch,data,ray,test,hf,lightning,torchdata,torchtitan,lance,peer]'
 	# datasets 5.x (Dataset.open of save_to_disk folders): torchtitan 0.3 pins datasets<4.8 in its
 	# metadata, so it goes on its own line (pip warns; the torchtitan integration does not use it)
 	$(PIP) install -q 'datasets>=5,<6' torch==2.13.0
