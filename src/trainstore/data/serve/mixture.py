@@ -164,8 +164,9 @@ class Mixture:
     def __repr__(self) -> str:
         return f"Mixture({self.source_id}, samples/epoch={self.num_samples})"
 
-    def take(self, indices: Any) -> dict[str, np.ndarray]:
-        """Rows of the row space (source ``s`` at ``row_offsets[s]...``) as batched arrays."""
+    def take(self, indices: Any, *, gathered: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+        """Rows of the row space (source ``s`` at ``row_offsets[s]...``) as batched arrays;
+        ``gathered(shard)`` (a mixture shard index) as each shard's rows are copied out."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         total = int(self.row_offsets[-1])
         if idx.size and (idx.min() < 0 or idx.max() >= total):
@@ -174,7 +175,9 @@ class Mixture:
         parts = {}
         for s in np.unique(src).tolist():
             at = np.flatnonzero(src == s)
-            parts[s] = (at, self.sources[s].take(idx[at] - self.row_offsets[s]))
+            base = int(self._shard_base[s])
+            forward = {} if gathered is None else {"gathered": lambda local, base=base: gathered(base + local)}
+            parts[s] = (at, self.sources[s].take(idx[at] - self.row_offsets[s], **forward))
         out: dict[str, np.ndarray] = {}
         for c in self._columns:
             dtype, shape = self._specs[c]
