@@ -47,6 +47,7 @@ from ..errors import (
     IntegrityError,
     NotFoundError,
     NoValidCheckpointError,
+    TrainstoreError,
 )
 from ..provenance import code_version, trainstore_version
 from ..store import open_store
@@ -68,6 +69,22 @@ from .verify import record as record_verify, verify_manifest
 from .writer import WriteOptions, lower_thread_priority
 
 log = logging.getLogger("trainstore.checkpoint")
+
+
+def tier_of(store: Store, key: str) -> str:
+    """Which tier holds ``key`` (the first that does): ``"hot (URL)"``, ``"durable (URL)"``,
+    ``"archive (URL)"``; a store without tiers is named by its URL. For the resume log line."""
+    tiers = store.tiers()
+    if len(tiers) < 2:
+        return store.url
+    names = ("hot", "durable", "archive") if len(tiers) <= 3 else tuple(f"tier {i}" for i in range(len(tiers)))
+    for name, tier in zip(names, tiers):
+        try:
+            if tier.exists(key):
+                return f"{name} ({tier.url})"
+        except TrainstoreError:  # an unreachable tier did not serve it
+            continue
+    return store.url
 
 
 class CheckpointManager:
@@ -412,7 +429,7 @@ class CheckpointManager:
         self._lineage.restored(m)
         result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
                                repairs=self.repairs[repairs_before:], partial=partial[0] if partial else None,
-                               lossy=LossyReport.of(m))
+                               lossy=LossyReport.of(m), tier=tier_of(self.store, mf.manifest_key(self.job, m.step)))
         if result.lossy is not None:
             log.warning("restore of step %d (job %r): %s: %s", m.step, self.job, result.lossy,
                         ", ".join(result.lossy.tensors[:4]) + (" ..." if len(result.lossy.tensors) > 4 else ""))

@@ -116,9 +116,10 @@ class RestoreResult:
     repairs: list[RepairEvent] = field(default_factory=list)  # bad chunk copies replaced on the way
     partial: PartialReport | None = None  # restore(only=/reset=): what was loaded and what left out
     lossy: LossyReport | None = None  # set when optimizer moments were stored lossy (not bit-exact)
+    tier: str | None = None  # where its manifest was found: "hot (URL)", "durable (URL)", or the store's URL
 
     def __str__(self) -> str:
-        s = f"restored step {self.step} ({self.kind}): {self.reason}"
+        s = f"restored step {self.step} ({self.kind})" + (f" from {self.tier}" if self.tier else "") + f": {self.reason}"
         if self.skipped:
             s += "; skipped " + ", ".join(f"{st} ({why})" for st, why in self.skipped)
         if self.partial is not None:

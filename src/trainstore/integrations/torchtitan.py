@@ -167,6 +167,7 @@ class TrainstoreCheckpointManager(CheckpointManager):
         self.last_restore = result
         if step is None:
             self._rewind_past(result)
+        log.info("torchtitan resumed from trainstore: %s", result)  # step, tier, what was skipped
         return result
 
     def _rewind_past(self, result: RestoreResult) -> None:
