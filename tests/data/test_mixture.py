@@ -13,7 +13,7 @@ from trainstore import open_store
 from trainstore.data import Dataset, Loader
 from trainstore.data.serve import CallableSchedule, Mixture, PiecewiseLinear, write_arrow_dataset
 from trainstore.data.serve.packing import PackedLoader, PackingConfig
-from trainstore.errors import ConfigError, SchemaError
+from trainstore.errors import ConfigError, SchemaError, TrainstoreError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -467,3 +467,20 @@ def test_take_reports_each_gathered_shard_by_its_mixture_index(sources):
     m.take(rows, gathered=done.append)
     web, code = len(sources["web"].shards), len(sources["code"].shards)
     assert sorted(done) == [0, 1, web, web + code + 3]
+
+
+def test_a_shard_missing_from_the_store_is_named(tmp_path, monkeypatch):
+    import threading
+
+    crashed = []  # the fill-ahead thread must report the failure, not crash on a Dataset-only name
+    monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_value))
+    store = open_store(str(tmp_path / "durable"))
+    for name, n in (("web", 40), ("math", 20)):
+        make_source(store, name, n, rows_per_shard=10)
+    srcs = {n: Dataset(store, f"{n}@1", cache_dir=tmp_path / "hot") for n in ("web", "math")}
+    m = Mixture(srcs, {"web": 0.5, "math": 0.5})
+    gone = srcs["math"].shards[1].key
+    store.delete(gone)
+    with pytest.raises(TrainstoreError, match=gone.replace(".", r"\.")):
+        run(Loader(m, 10, world_size=1, rank=0, prefetch=4))
+    assert not crashed

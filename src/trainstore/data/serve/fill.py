@@ -88,7 +88,7 @@ class ShardFiller:
             if isinstance(exc, IntegrityError):  # corrupt data: the error itself names the object
                 self.error = exc
             else:
-                err = BackgroundError(f"prefetch of shard {info.key} of {self.ds.version.id} failed: "
+                err = BackgroundError(f"prefetch of shard {info.key} of {self.ds.source_id} failed: "
                                       f"{type(exc).__name__}: {exc}")
                 err.__cause__ = exc
                 self.error = err
