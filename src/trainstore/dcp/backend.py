@@ -108,6 +108,8 @@ class DcpBackend(SaveBackend):
             raise DistributedError(f"distributed checkpoint step {step} of job {ctx.job!r} failed: "
                                    f"{writer.failure_report(exc)}") from exc
         self._coordinator = writer.is_coordinator
+        # every rank, after the commit (hooks run on the coordinator only): the peer tier's cue
+        ctx.notify("rank_committed", step=step, kind=kind, rank=dist.get_rank() if dist.is_initialized() else 0)
         return CheckpointInfo.from_manifest(m)
 
     def load(self, manifest: mf.Manifest, into: Any, scratch_bytes: int) -> Any:

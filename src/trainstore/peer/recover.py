@@ -1,0 +1,186 @@
+"""Rebuild lost nodes' chunks from their peers (a collective of the peer group).
+
+1. Every node says which steps it holds protected and which of its own records it has; a node
+   without its own record of a step is *lost* for that step (its hot tier came back empty).
+2. For each protected step, newest first: every node gathers its inventory (``plan``), every
+   node computes the same plan; the first step every lost node can get back is chosen. None:
+   the durable tier, and the report says plainly why (too many nodes lost).
+3. The survivors send the manifest, the lost node's records, replica chunks or stripe blocks;
+   the lost node checks the manifest's checksum, decodes stripes (zfec), checks every chunk by
+   its hash and writes it to its hot tier - so the checkpoint restores from local disk and the
+   node holds its chunks again before the next failure. A chunk no peer could give, or that
+   failed its hash, is left to the durable tier and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..checkpoint import manifest as mf
+from ..errors import TrainstoreError
+from .context import PeerContext
+from .erasure import block_len, decode_stripe, slice_span
+from .plan import Plan, inventory, make_plan, own_slice, rec_from_json
+from .transport import Piece
+
+log = logging.getLogger("trainstore.peer")
+
+
+@dataclass
+class RecoveryReport:
+    """What one node's recovery did. ``step``: the protected step rebuilt (None: peers could
+    not; restore from the durable tier, ``reason`` says why). ``bytes``: this node's chunk
+    bytes by source - ``local`` (already in its hot tier), ``peer`` (replicas), ``parity``
+    (decoded), ``durable`` (no peer could give them). ``corrupt``: peer pieces that failed
+    their hash (all nodes) and were not used."""
+
+    step: int | None
+    lost: list[int]
+    bytes: dict[str, int] = field(default_factory=lambda: {"local": 0, "peer": 0, "parity": 0, "durable": 0})
+    corrupt: int = 0
+    reason: str = ""
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        b = ", ".join(f"{k} {v}" for k, v in self.bytes.items())
+        where = f"step {self.step}" if self.step is not None else "no step from peers (durable tier)"
+        return f"peer recovery: {where}; lost nodes {self.lost}; bytes {b}; corrupt pieces {self.corrupt}; {self.reason}"
+
+
+def recover(ctx: PeerContext) -> RecoveryReport:
+    """Choose and rebuild (see the module docstring); collective of the peer group."""
+    t0 = time.perf_counter()
+    mine = {"protected": ctx.pieces.protected_steps(), "own": ctx.pieces.record_steps(ctx.me)}
+    infos = ctx.transport.all_gather(mine)
+    candidates = sorted({s for i in infos for s in i["protected"]}, reverse=True)
+    reasons = []
+    for step in candidates:
+        lost = [n for n in range(ctx.nodes) if step not in infos[n]["own"]]
+        refs = _refs(ctx, step, lost)
+        invs = ctx.transport.all_gather(inventory(ctx, step, lost, refs))
+        plan = make_plan(ctx, step, lost, invs)
+        if plan.missing:
+            reasons.append(f"step {step}: {plan.missing}")
+            continue
+        report = _execute(ctx, plan, refs)
+        report.seconds = time.perf_counter() - t0
+        report.reason = "; ".join(reasons + [f"step {step} rebuilt from peers" if lost else
+                                             f"step {step}: no node lost, every chunk local"])
+        return report
+    report = RecoveryReport(None, [], reason="; ".join(reasons) or "no step is peer-protected")
+    report.reason = "restore from the durable tier: " + report.reason
+    report.seconds = time.perf_counter() - t0
+    log.warning("%s", report)
+    return report
+
+
+def _refs(ctx: PeerContext, step: int, lost: list[int]) -> dict:
+    if ctx.me in lost:
+        return {}
+    try:
+        return ctx.refs(mf.load_manifest(ctx.store, ctx.job, step))
+    except TrainstoreError as exc:  # the manifest decides: a step whose manifest is gone is no candidate
+        log.warning("peer recovery: node %d cannot read the manifest of step %d: %s", ctx.me, step, exc)
+        return {}
+
+
+def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
+    report = RecoveryReport(plan.step, plan.lost, corrupt=plan.corrupt)
+    out: dict[int, list[Piece]] = {}
+    first_alive = min(n for n in range(ctx.nodes) if n not in plan.lost)
+    if ctx.me == first_alive and plan.lost:
+        man = bytes(ctx.store.get(mf.manifest_key(ctx.job, plan.step)))
+        for L in plan.lost:
+            out.setdefault(L, []).append(Piece("m", len(man), lambda: man))
+    for L, keys in plan.chunks.items():
+        for key, src in keys.items():
+            if src == ctx.me:
+                n = int(plan.records[L][0]["keys"].get(key, 0))
+                out.setdefault(L, []).append(Piece(f"c:{key}", n, lambda key=key: ctx.pieces.chunk(key) or b""))
+    for L, blocks in plan.blocks.items():
+        for s_step, stripe, j, src in blocks:
+            if src == ctx.me:
+                n = block_len(plan.slice_lens[(s_step, stripe)])
+                out.setdefault(L, []).append(Piece(f"b:{s_step}:{stripe}:{j}", n,
+                                                   lambda a=s_step, s=stripe, j=j, n=n: _block(ctx, a, s, j, n)))
+    got = ctx.transport.exchange(out)
+    if ctx.me in plan.lost:
+        _rebuild(ctx, plan, got, report)
+    else:
+        rec = ctx.pieces.record(ctx.me, plan.step)
+        report.bytes["local"] = sum(rec.keys.values()) if rec is not None else 0
+    return report
+
+
+def _block(ctx: PeerContext, step: int, stripe: int, j: int, n: int) -> bytes:
+    if j < ctx.policy.data:
+        data = own_slice(ctx, step, j)
+        return data + b"\0" * (n - len(data))
+    block = ctx.pieces.parity(step, stripe, j)
+    return block or b""
+
+
+def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, bytes]]], report: RecoveryReport) -> None:
+    items = [it for src in sorted(got) for it in got[src]]
+    man = next((d for n, d in items if n == "m"), None)
+    if man is None:
+        raise TrainstoreError(f"peer recovery of step {plan.step}: no peer sent the manifest")
+    m = mf.Manifest.from_bytes(man, f"manifest of step {plan.step} sent by a peer")  # checksum checked
+    refs = ctx.refs(m)
+    mkey = mf.manifest_key(ctx.job, plan.step)
+    if not ctx.hot.exists(mkey):
+        ctx.hot.put(mkey, man)
+    recs = [rec_from_json(r) for r in plan.records[ctx.me]]
+    for rec in recs:  # the node knows its own chunks again (its next protection sends everything)
+        ctx.pieces.put_record(rec)
+    wanted = recs[0].keys
+    durable = set(plan.durable.get(ctx.me, []))
+
+    def keep(key: str, data: bytes, source: str) -> None:
+        ref = refs.get(key)
+        try:
+            if ref is None:
+                raise TrainstoreError(f"chunk {key} is not referenced by step {plan.step}")
+            ctx.chunks.check(ref, data, key=key)
+        except TrainstoreError as exc:
+            log.warning("peer recovery: %s; it will be read from the durable tier", exc)
+            report.corrupt += 1
+            durable.add(key)
+            return
+        ctx.hot.put(key, data)
+        report.bytes[source] += len(data)
+
+    for name, data in items:
+        if name.startswith("c:"):
+            keep(name[2:], data, "peer")
+    blocks: dict[tuple[int, int], dict[int, bytes]] = {}
+    for name, data in items:
+        if name.startswith("b:"):
+            _, a, s, j = name.split(":")
+            blocks.setdefault((int(a), int(s)), {})[int(j)] = data
+    k, g = ctx.policy.data, ctx.policy.group
+    _, pos = ctx.group_of(ctx.me) if ctx.policy.parity else (0, 0)
+    for rec in recs:
+        slices = []
+        for t in range(k if ctx.policy.parity else 0):
+            if slice_span(rec.bundle_len, k, t)[1] == 0:
+                continue
+            stripe = (pos - t) % g
+            if (rec.step, stripe) not in blocks:
+                break
+            out = decode_stripe(blocks[(rec.step, stripe)], k, g, plan.slice_lens[(rec.step, stripe)])
+            slices.append(out[t])
+        else:
+            if not rec.bundle or not ctx.policy.parity:
+                continue
+            bundle, at = b"".join(slices), 0
+            for key, n in rec.bundle:
+                if key in wanted and key not in durable and not ctx.hot.exists(key):
+                    keep(key, bundle[at:at + n], "parity")
+                at += n
+    report.bytes["durable"] = sum(n for key, n in wanted.items() if not ctx.hot.exists(key))
+
+
+__all__ = ["RecoveryReport", "recover"]
