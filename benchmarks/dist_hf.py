@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -136,10 +137,13 @@ def rank_main(a: argparse.Namespace) -> None:
 
 # -- the driver --------------------------------------------------------------------------------
 def launch(a: argparse.Namespace, kind: str, mode: str, world: int) -> dict:
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as root, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # a free port for this job's rendezvous
+        s.close()
         out = os.path.join(root, "result.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_addr",
-               "127.0.0.1", "--master_port", str(a.port), "--max_restarts", "0", os.path.abspath(__file__), "--rank-run",
+               "127.0.0.1", "--master_port", str(port), "--max_restarts", "0", os.path.abspath(__file__), "--rank-run",
                "--kind", kind, "--mode", mode, "--root", root, "--out", out, "--steps", str(a.steps),
                "--save-steps", str(a.save_steps), "--batch", str(a.batch), "--embd", str(a.embd),
                "--layers", str(a.layers), "--vocab", str(a.vocab), "--seq", str(a.seq)]
@@ -184,7 +188,6 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--port", type=int, default=29561)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 ranks, tiny model, 1 repeat")
     a = ap.parse_args()
