@@ -8,12 +8,14 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainstore.checkpoint import CheckpointManager
+from trainstore.errors import ConfigError
 from trainstore.integrations.lightning import TrainstoreCheckpointIO
 
 
@@ -129,3 +131,25 @@ def test_no_thread_left_after_a_post_fit_save(tmp_path):
     assert os.path.exists(tmp_path / "after.ckpt")
     with CheckpointManager(str(tmp_path / "store"), "job") as mgr:
         assert 4 in mgr.steps()
+
+
+def test_a_checkpoint_of_another_framework_or_layout_is_refused_saying_which(tmp_path):
+    store = str(tmp_path / "store")
+    with CheckpointManager(store, "plain") as mgr:
+        mgr.save(1, {"w": torch.ones(3)})
+    with CheckpointManager(store, "hf") as mgr:
+        mgr.save(1, {"w": torch.ones(3)}, extra={"hf": {"trainer_state": {}}})
+    torch.save({"global_step": 1}, tmp_path / "own.ckpt")  # Lightning's own TorchCheckpointIO file
+    for job, said in (("plain", "a plain CheckpointManager"), ("hf", "by hf")):
+        io = TrainstoreCheckpointIO(store, job)
+        try:
+            with pytest.raises(ConfigError, match=f"not saved by TrainstoreCheckpointIO .*{said}"):
+                io.load_checkpoint("trainstore:latest")
+        finally:
+            io.teardown()
+    io = TrainstoreCheckpointIO(store, "plain")
+    try:
+        with pytest.raises(ConfigError, match="not a trainstore checkpoint pointer .*TorchCheckpointIO"):
+            io.load_checkpoint(tmp_path / "own.ckpt")
+    finally:
+        io.teardown()

@@ -142,6 +142,14 @@ def test_fsdp2_resume_through_the_dcp_backend(tmp_path, references):
     assert_bit_identical(ref_out["after_restore"], got["after_restore"], "restored")
     assert_bit_identical(ref_out["params"], got["params"], "params")
     assert_bit_identical(ref_out["optim"], got["optim"], "optim")
+    io = TrainstoreCheckpointIO(str(tmp_path / "store"), "job")  # the full-layout plugin (one device, DDP)
+    try:
+        with pytest.raises(ConfigError, match=r"sharded layout \(FSDP.*resume with the strategy that saved it"):
+            io.load_checkpoint(tmp_path / "run" / "ckpts" / "last.ckpt")
+        with pytest.raises(ConfigError, match="is a directory .*Lightning's own sharded layout"):
+            io.load_checkpoint(ref.dir / "run" / "ckpts" / "last.ckpt")  # Lightning's own FSDP2 directory
+    finally:
+        io.teardown()
 
 
 @pytest.mark.parametrize("devices", [1, 3])
