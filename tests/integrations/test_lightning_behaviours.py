@@ -34,8 +34,8 @@ class Tiny(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
 
 
-def data() -> DataLoader:
-    g = torch.Generator().manual_seed(0)
+def data(seed: int = 0) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(32, 4, generator=g)
     return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
 
@@ -153,3 +153,41 @@ def test_a_checkpoint_of_another_framework_or_layout_is_refused_saying_which(tmp
             io.load_checkpoint(tmp_path / "own.ckpt")
     finally:
         io.teardown()
+
+
+def test_rerun_with_a_new_trainer_in_the_same_job(tmp_path):
+    """A fresh run (new Trainer, no ckpt_path) reaching the steps of an earlier run saves its own."""
+    finals = []
+    for seed in (0, 1):
+        pl.seed_everything(seed, verbose=False)
+        io = TrainstoreCheckpointIO(str(tmp_path / "store"), "job")
+        model = Tiny()
+        trainer(io, tmp_path, [ModelCheckpoint(dirpath=tmp_path / f"ckpts{seed}", every_n_train_steps=2)]).fit(
+            model, data())
+        finals.append(model.net.weight.detach().clone())
+    io = TrainstoreCheckpointIO(str(tmp_path / "store"), "job")
+    try:
+        assert torch.equal(io.load_checkpoint(tmp_path / "ckpts1" / "epoch=0-step=4.ckpt")["state_dict"]["net.weight"],
+                           finals[1])
+        assert torch.equal(io.load_checkpoint("trainstore:latest")["state_dict"]["net.weight"], finals[1])
+    finally:
+        io.teardown()
+
+
+def test_resume_from_an_older_ckpt_rolls_back(tmp_path):
+    io = TrainstoreCheckpointIO(str(tmp_path / "store"), "job")
+    cb = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)
+    trainer(io, tmp_path, [cb], max_steps=6).fit(Tiny(), data())
+    io2 = TrainstoreCheckpointIO(str(tmp_path / "store"), "job")
+    model = Tiny()
+    cb2 = ModelCheckpoint(dirpath=tmp_path / "ckpts2", every_n_train_steps=2, save_top_k=-1)
+    t = trainer(io2, tmp_path, [cb2], max_steps=6)
+    t.fit(model, data(seed=5), ckpt_path=str(tmp_path / "ckpts" / "epoch=0-step=2.ckpt"))  # other data: new content
+    assert io2.last_restore.step == 2 and t.global_step == 6
+    io3 = TrainstoreCheckpointIO(str(tmp_path / "store"), "job")
+    try:
+        latest = io3.load_checkpoint("trainstore:latest")
+        assert latest["global_step"] == 6
+        assert torch.equal(latest["state_dict"]["net.weight"], model.net.weight.detach())
+    finally:
+        io3.teardown()
