@@ -90,10 +90,15 @@ def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
     report = RecoveryReport(plan.step, plan.lost, corrupt=plan.corrupt)
     out: dict[int, list[Piece]] = {}
     first_alive = min(n for n in range(ctx.nodes) if n not in plan.lost)
-    if ctx.me == first_alive and plan.lost:
+    if ctx.me == first_alive and plan.lost:  # the manifest, and the base an incremental loads with it
         man = bytes(ctx.store.get(mf.manifest_key(ctx.job, plan.step)))
+        base = mf.Manifest.from_bytes(man, f"manifest of step {plan.step}").base_step
+        mans = [(plan.step, man)]
+        if base is not None:
+            mans.append((base, bytes(ctx.store.get(mf.manifest_key(ctx.job, base)))))
         for L in plan.lost:
-            out.setdefault(L, []).append(Piece("m", len(man), lambda: man))
+            for s, data in mans:
+                out.setdefault(L, []).append(Piece(f"m:{s}", len(data), lambda d=data: d))
     for L, keys in plan.chunks.items():
         for key, src in keys.items():
             if src == ctx.me:
@@ -124,14 +129,19 @@ def _block(ctx: PeerContext, step: int, stripe: int, j: int, n: int) -> bytes:
 
 def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, bytes]]], report: RecoveryReport) -> None:
     items = [it for src in sorted(got) for it in got[src]]
-    man = next((d for n, d in items if n == "m"), None)
-    if man is None:
+    m = None
+    for name, data in items:
+        if name.startswith("m:"):
+            s = int(name[2:])
+            got_m = mf.Manifest.from_bytes(data, f"manifest of step {s} sent by a peer")  # checksum checked
+            if got_m.step != s or got_m.job != ctx.job:
+                raise TrainstoreError(f"peer recovery: a peer sent the manifest of {got_m.job}@{got_m.step} as step {s}")
+            m = got_m if s == plan.step else m
+            if not ctx.hot.exists(mf.manifest_key(ctx.job, s)):
+                ctx.hot.put(mf.manifest_key(ctx.job, s), data)
+    if m is None:
         raise TrainstoreError(f"peer recovery of step {plan.step}: no peer sent the manifest")
-    m = mf.Manifest.from_bytes(man, f"manifest of step {plan.step} sent by a peer")  # checksum checked
     refs = ctx.refs(m)
-    mkey = mf.manifest_key(ctx.job, plan.step)
-    if not ctx.hot.exists(mkey):
-        ctx.hot.put(mkey, man)
     recs = [rec_from_json(r) for r in plan.records[ctx.me]]
     for rec in recs:  # the node knows its own chunks again (its next protection sends everything)
         ctx.pieces.put_record(rec)
