@@ -484,3 +484,28 @@ def test_a_shard_missing_from_the_store_is_named(tmp_path, monkeypatch):
     with pytest.raises(TrainstoreError, match=gone.replace(".", r"\.")):
         run(Loader(m, 10, world_size=1, rank=0, prefetch=4))
     assert not crashed
+
+
+def test_parquet_sources_are_decoded_ahead(tmp_path):
+    import time
+
+    import pyarrow.parquet as pq
+
+    srcs = {}
+    for name, n in (("web", 240), ("code", 120)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for k in range(0, n, 40):  # files of 40 rows in row groups of 8
+            ids = np.arange(k, k + 40, dtype=np.int64) + BASE[name]
+            pq.write_table(pa.table({"idx": ids}), folder / f"part-{k:04d}.parquet", row_group_size=8)
+        srcs[name] = Dataset.open(str(folder), cache_dir=tmp_path / "hot")
+    m = Mixture(srcs, {"web": 0.5, "code": 0.5})
+    it = iter(Loader(m, 8, shuffle_mode="block", block_shards=1, world_size=1, rank=0, workers=1, prefetch=1))
+    first = next(it)["idx"]  # the consumer pauses: only decode-ahead reaches later row groups
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and min(s.row_group_stats()["decoded_ahead"] for s in m.sources) < 2:
+        time.sleep(0.02)
+    assert all(s.row_group_stats()["decoded_ahead"] >= 2 for s in m.sources), [s.row_group_stats() for s in m.sources]
+    rest = np.concatenate([first, *[b["idx"] for b in it]])
+    web = rest[rest < 1000]  # 180 of web's 240 rows, once each; code (120 rows) goes round 1.5 times
+    assert len(rest) == 360 and len(web) == 180 and len(set(web.tolist())) == 180

@@ -384,9 +384,9 @@ class _EpochRun:
             backoff_s=cfg.prefetch_backoff_s, on_all_filled=loader.meter.mark_warm,
         )
         # Parquet: row groups decoded ahead of the batch threads (serve.decodeahead)
-        self.decoder = (DecodeAhead(self.ds, [b.reads if isinstance(b, ExchangeStep) else b for b in batches],
-                                    start, threads=cfg.decode_ahead)
-                        if cfg.decode_ahead and self.ds.decoded_groups is not None else None)
+        rows = [b.reads if isinstance(b, ExchangeStep) else b for b in batches]
+        self.decoders = [DecodeAhead(ds, part, start, threads=cfg.decode_ahead)
+                         for ds, part in (self.ds.decode_sources(rows) if cfg.decode_ahead else [])]
         self._top_up()
 
     def all_submitted(self) -> bool:
@@ -410,8 +410,8 @@ class _EpochRun:
         if self.filler.error is not None:  # the shard thread stopped: say so now, not silently
             err, self.filler.error = self.filler.error, None
             raise err
-        if self.decoder is not None:  # from the first batch asked for (a run ahead waits)
-            self.decoder.start()
+        for decoder in self.decoders:  # from the first batch asked for (a run ahead waits)
+            decoder.start()
         if not self.pending:
             self._top_up()
             if not self.pending:
@@ -429,8 +429,8 @@ class _EpochRun:
 
     def _retire(self, b: int) -> None:
         self.filler.batch_consumed(b)
-        if self.decoder is not None:
-            self.decoder.batch_consumed(b)
+        for decoder in self.decoders:
+            decoder.batch_consumed(b)
         for s in self.done_with.get(b, []):  # not needed again this epoch
             self.ds.close_shard(s, evict=self.loader._evict_done)
 
@@ -441,8 +441,8 @@ class _EpochRun:
         for f in self.pending:
             f.cancel()
         self.pool.shutdown(wait=True, cancel_futures=True)
-        if self.decoder is not None:
-            self.decoder.close()
+        for decoder in self.decoders:
+            decoder.close()
         self.filler.close()
 
 

@@ -218,9 +218,12 @@ class Mixture:
     def cache(self) -> _CacheView:
         return _CacheView(self.sources)
 
-    @property
-    def decoded_groups(self) -> None:
-        return None  # Parquet decode-ahead runs per dataset; a mixture's Parquet groups decode on use
+    def decode_sources(self, batches: Sequence[np.ndarray]) -> list[tuple[Dataset, list[np.ndarray]]]:
+        """Each Parquet source with its rows (its own indices) of every batch: the loader decodes
+        their row groups ahead per source (``serve.decodeahead``)."""
+        src = [np.searchsorted(self.row_offsets, np.asarray(b, dtype=np.int64), side="right") - 1 for b in batches]
+        return [(ds, [np.asarray(b, dtype=np.int64)[k == s] - self.row_offsets[s] for b, k in zip(batches, src)])
+                for s, ds in enumerate(self.sources) if ds.decoded_groups is not None]
 
     @property
     def source_id(self) -> str:

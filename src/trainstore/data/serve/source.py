@@ -6,7 +6,8 @@ The loader, its shard fill-ahead (``fill``) and packing see a source through fou
   the source's row space into fresh batch arrays;
 * **shard plan**: ``shards`` (key, rows, bytes) and ``offsets`` over the row space, and the
   node-cache side of them (``pin_shard``, ``close_shard``, pressure hooks, ``cache.stats``,
-  ``cache_limit``, ``max_shard_bytes``, ``decoded_groups`` for Parquet decode-ahead or None);
+  ``cache_limit``, ``max_shard_bytes``; ``decode_sources``: the Parquet datasets whose row
+  groups the loader decodes ahead, with each batch's rows of each);
 * **epoch plan**: ``plan_epoch`` gives every rank's rows for an epoch (or the rest of a resumed
   one), given the source's *cursor* (JSON-able; None for a ``Dataset``, whose plan is the
   sampler's, a function of the epoch alone; a mixture's stream position and weight eras);
@@ -65,8 +66,6 @@ class ServeSource(Protocol):
     @property
     def cache(self) -> Any: ...
     @property
-    def decoded_groups(self) -> Any: ...
-    @property
     def source_id(self) -> str: ...
     @property
     def source_bytes(self) -> int: ...
@@ -76,10 +75,14 @@ class ServeSource(Protocol):
                    segments: list[tuple[int, int]], world_size: int) -> EpochPlan: ...
     def resume_cursor(self, cursor: dict | None, spec: PlanSpec,
                       segments: list[tuple[int, int]]) -> dict | None: ...
+    def decode_sources(self, batches: Sequence[np.ndarray]) -> list[tuple[Any, list[np.ndarray]]]: ...
 
 
 class SamplerPlanned:
-    """The epoch plan of a source whose order is the sampler's alone (``Dataset``): no cursor."""
+    """The epoch plan of a source whose order is the sampler's alone (``Dataset``): no cursor;
+    and its decode-ahead: itself when it is a Parquet version."""
+
+    decoded_groups: Any  # the Dataset's decoded Parquet row groups, or None
 
     def start_cursor(self, epoch: int = 0, previous: dict | None = None) -> None:
         return None
@@ -90,6 +93,9 @@ class SamplerPlanned:
 
     def resume_cursor(self, cursor: dict | None, spec: PlanSpec, segments: list[tuple[int, int]]) -> None:
         return None
+
+    def decode_sources(self, batches: Sequence[np.ndarray]) -> list[tuple[Any, list[np.ndarray]]]:
+        return [(self, list(batches))] if self.decoded_groups is not None else []
 
 
 __all__ = ["EpochPlan", "SamplerPlanned", "ServeSource"]
