@@ -57,6 +57,11 @@ _TAG_CHARS = 16
 _TAGGED = re.compile(rf"[0-9a-f]{{{_TAG_CHARS}}}\.")
 
 
+class NotNeeded(CapacityError):
+    """A fill ahead of use found, holding the key's lock, that its reader no longer needs the
+    object (``pin(needed=...)``): nothing was fetched."""
+
+
 def _tag_hash(tag: str) -> str:
     return hashlib.sha256(tag.encode()).hexdigest()[:_TAG_CHARS]
 
@@ -103,6 +108,9 @@ class NodeCache:
         #: holding idle pins (e.g. a Dataset's open shards) can release them here.
         self.on_pressure: Callable[[], None] | None = None
         self._ranged: RangedDownloads | None = None
+        #: path -> {owner: rank of its next use}: files a reader of this process still needs
+        #: (``want``); evicted only after every other file, the one needed last first
+        self._wanted: dict[str, dict[int, float]] = {}
 
     # -- paths -----------------------------------------------------------------------------
     def path_of(self, key: str, tag: str | None = None) -> str:
@@ -123,14 +131,18 @@ class NodeCache:
 
     # -- public API --------------------------------------------------------------------------
     def pin(self, key: str, *, checksum: str | None = None, size: int | None = None,
-            tag: str | None = None, ahead: bool = False) -> PinnedFile:
+            tag: str | None = None, ahead: bool = False, rank: float | None = None,
+            needed: Callable[[], bool] | None = None) -> PinnedFile:
         """Make ``key`` present in the cache and hold it in use until the handle is closed.
 
         ``checksum`` (BLAKE3 hex) and ``size``, when given, are verified on fill; a cached copy
         that fails them is re-fetched. ``tag``: the content of an object that may be rewritten
         in place (``nodecache.source``), checked against the store on fill. ``CapacityError``
         if the object cannot fit. ``ahead``: a fill ahead of use, which neither waits for space
-        nor asks ``on_pressure`` for it (``CapacityError`` at once when nothing is evictable).
+        nor asks ``on_pressure`` for it (``CapacityError`` at once when nothing is evictable);
+        ``rank``: when the fill ahead is needed (see ``want``): it evicts no file needed sooner.
+        ``needed``: asked under the key's lock before a download; False raises ``NotNeeded`` (a
+        reader that fetched and finished with the object meanwhile: no second download).
         """
         path = self.path_of(key, tag)
         if size is not None and size > self.config.limit_bytes:
@@ -143,7 +155,8 @@ class NodeCache:
                     return handle
                 corrupt = stamp(handle._fd)
                 handle.close()
-            handle = self._fill(key, path, checksum, size, corrupt=corrupt, ahead=ahead, tag=tag)
+            handle = self._fill(key, path, checksum, size, corrupt=corrupt, ahead=ahead, tag=tag, rank=rank,
+                                needed=needed)
             if handle is not None:
                 return handle
         raise StoreError(f"could not pin {key!r} in the node cache {self.root}: evicted repeatedly")
@@ -171,6 +184,27 @@ class NodeCache:
                  tag: str | None = None) -> None:
         """Fill ``key`` without keeping it pinned."""
         self.pin(key, checksum=checksum, size=size, tag=tag).close()
+
+    def want(self, key: str, rank: float, *, owner: int, tag: str | None = None) -> None:
+        """``owner`` (any id) will read ``key`` again; ``rank`` orders its next use (lower =
+        sooner). Eviction takes files nobody wants first (LRU), then wanted ones needed last
+        first; a fill ahead of use never evicts a file wanted before its own ``rank``."""
+        path = self.path_of(key, tag)
+        with self._mu:
+            self._wanted.setdefault(path, {})[owner] = rank
+
+    def unwant(self, key: str, *, owner: int, tag: str | None = None) -> None:
+        path = self.path_of(key, tag)
+        with self._mu:
+            holders = self._wanted.get(path)
+            if holders is not None:
+                holders.pop(owner, None)
+                if not holders:
+                    del self._wanted[path]
+
+    def _next_use(self, path: str) -> float | None:
+        holders = self._wanted.get(path)
+        return min(holders.values()) if holders else None
 
     def evict(self, key: str, *, tag: str | None = None) -> bool:
         """Remove ``key`` (its copy of content ``tag``) now if it is not in use; True if removed."""
@@ -256,6 +290,7 @@ class NodeCache:
     def _fill(
         self, key: str, path: str, checksum: str | None, size: int | None,
         corrupt: tuple[int, int, int] | None = None, ahead: bool = False, tag: str | None = None,
+        rank: float | None = None, needed: Callable[[], bool] | None = None,
     ) -> PinnedFile | None:
         """Download ``key`` into the cache, unless another thread or process filled (or replaced
         the corrupt copy ``corrupt`` = its inode/size/mtime) while we waited for the key lock.
@@ -269,6 +304,8 @@ class NodeCache:
                 if fresh:
                     corrupt = stamp(handle._fd)
                 handle.close()
+            if needed is not None and not needed():
+                raise NotNeeded(f"{key!r} is no longer needed by the reader that asked for it ahead")
             if corrupt is not None:
                 with self._mu:
                     self.stats.refetched_corrupt += 1
@@ -279,7 +316,7 @@ class NodeCache:
                 raise self._too_big(key, size)
             if tag is not None:
                 check_unchanged(self.store, key, tag, size)
-            self._make_room(size, key, ahead)
+            self._make_room(size, key, ahead, rank)
             fd, tmp = temp_file_beside(path)
             try:
                 ranged = (self.store.local_path(key) is None and size > self.config.part_bytes
@@ -367,8 +404,21 @@ class NodeCache:
                         continue
                 yield e.path, st.st_size, st.st_atime
 
-    def _make_room(self, incoming: int, key: str, ahead: bool = False) -> None:
-        """Evict LRU unpinned files until ``incoming`` more bytes fit the limit."""
+    def _victims(self, files: list[tuple[str, int, float]], ahead: bool,
+                 rank: float | None) -> list[tuple[str, int, float]]:
+        """Eviction order: files nobody wants, least recently used first; then wanted files,
+        the one needed last first. A fill ahead (of use ``rank``) takes no file wanted sooner
+        (none, without a rank): prefetch must not evict what the current batches still need."""
+        with self._mu:
+            nxt = {p: self._next_use(p) for p, _s, _a in files}
+        idle = sorted((f for f in files if nxt[f[0]] is None), key=lambda f: f[2])
+        wanted = sorted((f for f in files if nxt[f[0]] is not None), key=lambda f: -nxt[f[0]])  # type: ignore[operator]
+        if ahead:
+            wanted = [f for f in wanted if rank is not None and nxt[f[0]] > rank]  # type: ignore[operator]
+        return idle + wanted
+
+    def _make_room(self, incoming: int, key: str, ahead: bool = False, rank: float | None = None) -> None:
+        """Evict unpinned files (``_victims`` order) until ``incoming`` more bytes fit the limit."""
         deadline = time.monotonic() + (0.0 if ahead else self.config.capacity_wait_s)
         limit = self.config.limit_bytes
         relieved = False
@@ -378,7 +428,7 @@ class NodeCache:
                 used = sum(s for _p, s, _a in files)
                 if used + incoming <= limit:
                     return
-                for path, sz, _atime in sorted(files, key=lambda f: f[2]):
+                for path, _sz, _atime in self._victims(files, ahead, rank):
                     if os.path.basename(path).startswith(TMP_PREFIX):
                         continue
                     freed = self._evict_file(path)
@@ -432,4 +482,4 @@ class NodeCache:
         return f"NodeCache({self.store.url!r}, {self.root!r}, limit={self.config.limit_bytes})"
 
 
-__all__ = ["NodeCache"]
+__all__ = ["NodeCache", "NotNeeded"]

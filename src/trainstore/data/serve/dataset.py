@@ -272,13 +272,21 @@ class Dataset(SamplerPlanned):
         """Fill ``shard`` into the hot tier without opening it."""
         self.pin_shard(shard).close()
 
-    def pin_shard(self, shard: int, *, ahead: bool = False) -> PinnedFile:
+    def want_shard(self, shard: int, rank: float, owner: int) -> None:
+        """``owner`` reads ``shard`` again at ``rank`` (``NodeCache.want``): evicted last."""
+        self._cache.want(self.shards[shard].key, rank, owner=owner, tag=self.source_tag(shard))
+
+    def unwant_shard(self, shard: int, owner: int) -> None:
+        self._cache.unwant(self.shards[shard].key, owner=owner, tag=self.source_tag(shard))
+
+    def pin_shard(self, shard: int, *, ahead: bool = False,
+                  needed: Callable[[], bool] | None = None) -> PinnedFile:
         """Fill ``shard`` into the node cache and hold it there (no process of the node can
-        evict it) until the returned handle is closed; ``ahead``: see ``NodeCache.pin``."""
+        evict it) until the returned handle is closed; ``ahead``, ``needed``: see ``NodeCache.pin``."""
         info = self.shards[shard]
         self._check_pid()
         return self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes, ahead=ahead,
-                               tag=self.source_tag(shard))
+                               tag=self.source_tag(shard), needed=needed)
 
     def _checksum(self, info: ShardInfo) -> str | None:
         """What the node cache verifies a fill against (external files have no checksum)."""
@@ -373,9 +381,12 @@ class Dataset(SamplerPlanned):
         finally:
             self.release(op)
 
-    def take(self, indices: Sequence[int] | np.ndarray, *, ranges: bool = False) -> dict[str, np.ndarray]:
+    def take(self, indices: Sequence[int] | np.ndarray, *, ranges: bool = False,
+             gathered: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
         """Rows ``indices`` as a dict of batched arrays (one gather per shard). ``ranges``: a
-        Parquet shard not cached is read by row groups (byte ranges) instead of whole."""
+        Parquet shard not cached is read by row groups (byte ranges) instead of whole.
+        ``gathered(shard)`` runs as each shard's rows are copied out (the loader lets go of a
+        shard no later batch reads)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if idx.size and (idx.min() < -n or idx.max() >= n):
@@ -400,6 +411,8 @@ class Dataset(SamplerPlanned):
                 op.gather(local, out, group)
             finally:
                 self.release(op)
+            if gathered is not None:
+                gathered(s)
         return out
 
     def __repr__(self) -> str:

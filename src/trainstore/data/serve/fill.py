@@ -10,8 +10,11 @@ bytes of every epoch run of one loader share one ``ByteBudget``; a single shard 
 the budget is still let through alone. Filling ahead never waits for space: when the node
 cache is full of pinned files (other loaders, other processes of the node) the filler waits
 for its consumer to move on and tries again, and when a fill of this process needs room the
-filler gives up its pins (they only save a later fetch; the batch that needs a shard fetches
-it on demand). A large shard is itself fetched as concurrent range
+filler gives up its pins one at a time, the shard needed last first (they only save a later
+fetch; the batch that needs a shard fetches it on demand). The loader releases a pin as soon
+as no batch still to assemble reads the shard (``shard_done``), and marks the shards it still
+reads as wanted in the node cache, which evicts them last and never for a fill ahead; a fill
+ahead of a shard the batches meanwhile fetched and finished with downloads nothing. A large shard is itself fetched as concurrent range
 requests by the node cache (``CacheConfig.part_bytes`` / ``fetch_concurrency``); the parts of
 all concurrent fills share one budget of their product, so ``concurrency`` does not multiply
 that memory.
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 from ...bytebudget import ByteBudget
 from ...errors import BackgroundError, CapacityError, IntegrityError, StoreError
+from ...nodecache.cache import NotNeeded
 from .dataset import Dataset
 
 
@@ -41,13 +45,15 @@ class ShardFiller:
     """Background fill of ``plan.order`` (see module docstring); ``error`` holds a failure."""
 
     def __init__(self, ds: Dataset, plan: FillPlan, budget: ByteBudget, *, concurrency: int,
-                 retries: int, backoff_s: float, on_all_filled: Callable[[], None]) -> None:
+                 retries: int, backoff_s: float, on_all_filled: Callable[[], None],
+                 after: threading.Event | None = None) -> None:
         self.ds = ds
         self.plan = plan
         self.budget = budget
         self.retries = retries
         self.backoff_s = backoff_s
         self.on_all_filled = on_all_filled
+        self._after = after  # fill nothing before it is set (a run ahead: see Loader)
         self.error: BackgroundError | IntegrityError | None = None
         #: bytes this filler downloaded (node-cache misses), for the loader's re-fetch count
         self.fetched_bytes = 0
@@ -55,6 +61,7 @@ class ShardFiller:
         self._mu = threading.Lock()
         self._pins: dict[int, object] = {}  # shard -> PinnedFile, held until released
         self._released: set[int] = set()
+        self._rank = {s: i for i, s in enumerate(plan.order)}
         self._by_batch: dict[int, list[int]] = {}
         for s, b in plan.release_after.items():
             self._by_batch.setdefault(b, []).append(s)
@@ -66,6 +73,9 @@ class ShardFiller:
 
     def _run(self) -> None:
         futures: list[Future] = []
+        while self._after is not None and not self._after.wait(0.05):
+            if self._closed.is_set():
+                return
         for s in self.plan.order:
             with self._mu:
                 if s in self._released:  # already consumed (filled on demand): nothing to hold
@@ -118,7 +128,11 @@ class ShardFiller:
                 if s in self._released:
                     return None
             try:
+                if isinstance(self.ds, Dataset):  # skip a download once the batches are done with s
+                    return self.ds.pin_shard(s, ahead=True, needed=lambda: not self._is_released(s))
                 return self.ds.pin_shard(s, ahead=True)
+            except NotNeeded:
+                return None
             except CapacityError:
                 with self._progress:
                     self._progress.wait(0.2)
@@ -128,10 +142,21 @@ class ShardFiller:
                 attempt += 1
         return None
 
+    def _is_released(self, s: int) -> bool:
+        with self._mu:
+            return s in self._released
+
     def batch_consumed(self, b: int) -> None:
         """Batch ``b`` was handed to the training loop: release the pins it ends."""
         for s in self._by_batch.get(b, ()):
             self._unpin(s)
+        with self._progress:
+            self._progress.notify_all()
+
+    def shard_done(self, s: int) -> None:
+        """No batch still to assemble reads shard ``s``: release its pin now (before the
+        batch that last read it is consumed)."""
+        self._unpin(s)
         with self._progress:
             self._progress.notify_all()
 
@@ -144,9 +169,15 @@ class ShardFiller:
             self.budget.release(self.ds.shards[s].bytes)
 
     def release_pins(self) -> None:
-        """Give up every pin held ahead of use (the node cache needs the room)."""
+        """The node cache needs room: give up the pin held ahead of use furthest from use
+        (last in fill order). One per call: the cache asks again while it still lacks room, and
+        the shards the next batches read stay pinned (LRU would evict them first: they were
+        filled first)."""
         with self._mu:
-            pins, self._pins = self._pins, {}
+            if not self._pins:
+                return
+            last = max(self._pins, key=self._rank.__getitem__)
+            pins = {last: self._pins.pop(last)}
         for s, handle in pins.items():
             handle.close()
             self.budget.release(self.ds.shards[s].bytes)
@@ -156,7 +187,11 @@ class ShardFiller:
         self._closed.set()
         self._thread.join(timeout=30)
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self.release_pins()
+        with self._mu:
+            pins, self._pins = self._pins, {}
+        for s, handle in pins.items():
+            handle.close()
+            self.budget.release(self.ds.shards[s].bytes)
 
 
 __all__ = ["FillPlan", "ShardFiller"]

@@ -18,6 +18,7 @@ the last batch returned, with the same or another world size.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import warnings
@@ -200,11 +201,14 @@ class Loader:
         stream = streams[self.rank]
         return [stream[i:i + B] for i in range(0, len(stream), B)]
 
-    def _next_epoch_run(self, cursor: dict | None) -> _EpochRun:
+    def _next_epoch_run(self, cursor: dict | None, current: _EpochRun) -> _EpochRun:
         """Start assembling the next epoch's first batches (its plan is already fixed), so the
-        epoch boundary does not drain the pipeline."""
+        epoch boundary does not drain the pipeline. When the node cache cannot hold the dataset,
+        the next epoch's fetches wait until ``current`` has copied out every shard it reads: its
+        fills would otherwise evict shards ``current`` still needs (fetched twice)."""
         plan = self.dataset.plan_epoch(self.spec, self.epoch + 1, cursor, [], self.world_size)
-        return _EpochRun(self, self._batches(plan), 0, plan)
+        return _EpochRun(self, self._batches(plan), 0, plan,
+                         after=current.gathered_all if self._evict_done else None)
 
     def __iter__(self) -> Iterator[Any]:
         """The batches of the current epoch from the current position (a dict of column arrays,
@@ -235,7 +239,7 @@ class Loader:
                 self.meter.end(t0, nbytes)
                 if (self._ahead is None and run.all_submitted() and self.config.prefetch
                         and self.config.cross_epoch):
-                    self._ahead = ((self.epoch + 1, 0, ()), self._next_epoch_run(run.next_cursor))
+                    self._ahead = ((self.epoch + 1, 0, ()), self._next_epoch_run(run.next_cursor, run))
                 yield batch
             self.meter.pause()
             self._account_epoch(run)
@@ -340,17 +344,21 @@ class Loader:
         return arrays, nbytes, fence
 
 
+_RUN_SEQ = itertools.count()
+
+
 class _EpochRun:
     """Background assembly of one epoch's batches for one rank."""
 
     def __init__(self, loader: Loader, batches: list[np.ndarray] | list[ExchangeStep], start: int,
-                 plan: EpochPlan) -> None:
+                 plan: EpochPlan, after: threading.Event | None = None) -> None:
         self.loader = loader
         self.cursor, self.next_cursor = plan.cursor, plan.next_cursor  # the source's, for this epoch and the next
         self.ds = loader.dataset
         self.exchange = loader._exchange
         self.batches = batches
         self.next_index = start
+        self.start = start
         self._closed = threading.Event()
         cfg = loader.config
         self.pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="trainstore-batch")
@@ -375,12 +383,32 @@ class _EpochRun:
         self.done_with: dict[int, list[int]] = {}
         for s, b in last_use.items():
             self.done_with.setdefault(b, []).append(s)
+        # batches still to assemble that read each shard: at 0 its rows are copied out, and
+        # its fill-ahead pin and node-cache copy are let go before the batch is consumed
+        self._left: dict[int, set[int]] = {}
+        for b, shards in enumerate(self.needs, start):
+            for s in shards.tolist():
+                self._left.setdefault(s, set()).add(b)
+        self._left_mu = threading.Lock()
+        self._shards_left = len(self._left)
+        # the node cache evicts the shards this run reads next last (a Mixture has no such hint)
+        self._want = getattr(self.ds, "want_shard", None)
+        self._unwant = getattr(self.ds, "unwant_shard", None)
+        self._seq = next(_RUN_SEQ) * float(1 << 32)  # a run ahead's uses come after this one's
+        if self._want is not None:
+            for s, users in self._left.items():
+                self._want(s, self._seq + min(users), id(self))
+        #: set once every shard this run reads is copied out (a run ahead may fetch from then)
+        self.gathered_all = threading.Event()
+        if not self._shards_left:
+            self.gathered_all.set()
+        self._after = after
         self.needed_bytes = sum(self.ds.shards[x].bytes for x in order)
         # shard fill-ahead (serve.fill): pins held to the end of a block window, else first use
         release = last_use if cfg.shuffle_mode == "block" else first_use
         self.filler = ShardFiller(
             self.ds, FillPlan(tuple(order), dict(release)), loader._fill_budget,
-            concurrency=cfg.fill_concurrency, retries=cfg.prefetch_retries,
+            concurrency=cfg.fill_concurrency, retries=cfg.prefetch_retries, after=after,
             backoff_s=cfg.prefetch_backoff_s, on_all_filled=loader.meter.mark_warm,
         )
         # Parquet: row groups decoded ahead of the batch threads (serve.decodeahead)
@@ -399,12 +427,42 @@ class _EpochRun:
             self.submitted += 1
 
     def _assemble(self, b: int) -> tuple[Any, int, CopyFence | None]:
+        if self._after is not None:  # a run ahead: wait for the current run's last shard
+            while not self._after.wait(0.05):
+                if self._closed.is_set():
+                    break
         if self._closed.is_set():
             raise RuntimeError("loader closed")
         item = self.batches[b]
         if isinstance(item, ExchangeStep):
-            return self.exchange.gather(item), 0, None  # sent in next(), in batch order
-        return self.loader._finish(self.ds.take(item))
+            gathered = self.exchange.gather(item)
+            self._assembled(b)
+            return gathered, 0, None  # sent in next(), in batch order
+        return self.loader._finish(self.ds.take(item, gathered=lambda s: self._gathered(s, b)))
+
+    def _assembled(self, b: int) -> None:
+        for s in self.needs[b - self.start].tolist():
+            self._gathered(s, b)
+
+    def _gathered(self, s: int, b: int) -> None:
+        """A batch copied out its rows of shard ``s``: once no batch still to assemble reads it,
+        it is done with (unpinned, and dropped from the node cache when the dataset does not fit
+        it), so fill-ahead gets the room now, not when that batch is consumed (up to prefetch + 1
+        batches later, by when the next batches have fetched other shards in its place)."""
+        with self._left_mu:
+            users = self._left[s]
+            users.discard(b)
+            if users:
+                if self._want is not None:
+                    self._want(s, self._seq + min(users), id(self))
+                return
+            self._shards_left -= 1
+            if not self._shards_left:
+                self.gathered_all.set()
+        if self._unwant is not None:
+            self._unwant(s, id(self))
+        self.filler.shard_done(s)
+        self.ds.close_shard(s, evict=self.loader._evict_done)
 
     def next(self) -> tuple[Any, int, CopyFence | None] | None:
         if self.filler.error is not None:  # the shard thread stopped: say so now, not silently
@@ -444,6 +502,11 @@ class _EpochRun:
         for decoder in self.decoders:
             decoder.close()
         self.filler.close()
+        if self._unwant is not None:
+            with self._left_mu:
+                left = [s for s, users in self._left.items() if users]
+            for s in left:
+                self._unwant(s, id(self))
 
 
 __all__ = ["Loader", "LoaderConfig"]
