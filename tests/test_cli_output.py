@@ -92,6 +92,9 @@ def test_help_has_no_bool_and_unknown_commands_suggest():
     for argv in (("ckpt", "ls", "--help"), ("data", "ls", "--help"), ("ckpt", "retain", "--help")):
         proc = cli(*argv)
         assert proc.returncode == 0 and "--json" in proc.stdout and "<bool>" not in proc.stdout, proc.stdout
+    for argv in (("--help",), ("ckpt", "--help")):  # the groups' own flags (--version, --help)
+        proc = cli(*argv)
+        assert proc.returncode == 0 and "--help" in proc.stdout and "<bool>" not in proc.stdout, proc.stdout
     proc = cli("ckpt", "inspect", "x")
     assert proc.returncode == 2 and "Did you mean 'show'" in proc.stderr, proc.stderr
     proc = cli("inspect")

@@ -48,16 +48,24 @@ _SYNONYMS = {
 }
 
 
+def _quiet_flags(params: list) -> list:
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # typer's help would print `<bool>` after every flag
+    return params
+
+
 class CliGroup(TyperGroup):
     """The command groups of the CLI: an unknown command suggests the closest one (``inspect``
     -> ``show``), and flags show no ``<bool>`` type in the help."""
 
+    def get_params(self, ctx: Any) -> list:
+        return _quiet_flags(super().get_params(ctx))
+
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None and not hasattr(cmd, "commands"):  # a command, not a group
-            for param in cmd.get_params(ctx):
-                if getattr(param, "is_flag", False) and param.metavar is None:
-                    param.metavar = ""  # typer's help would print `<bool>` after every flag
+            _quiet_flags(cmd.get_params(ctx))
         return cmd
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
