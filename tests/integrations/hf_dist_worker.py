@@ -125,7 +125,10 @@ def trainer(rank: int, world: int, args: dict) -> dict:
     cls = CpuFsdpTrainer if fsdp else TrainstoreTrainer
     stop = Stop(args.get("stop_at"))
     set_seed(0)  # the model's initial weights
-    tr = cls(model=tiny_model(), args=targs, train_dataset=Tokens(), checkpoints=mgr, callbacks=[stop, *callbacks])
+    model = tiny_model()
+    if args.get("freeze"):  # a frozen parameter: not in the optimizer (transformers' frozen-params resume test)
+        model.transformer.wpe.weight.requires_grad_(False)
+    tr = cls(model=model, args=targs, train_dataset=Tokens(), checkpoints=mgr, callbacks=[stop, *callbacks])
     tr.train(resume_from_checkpoint=True if args.get("resume") else None)
     model = tr.model
     params = {k: _local(v).detach().clone() for k, v in model.state_dict().items()}

@@ -3,7 +3,9 @@
 Each case trains a tiny GPT-2 on 2 ranks: once uninterrupted (reference), once stopped after
 step 6 (checkpoints at 4, 8, ... through the ``dcp`` backend), then resumed from the newest
 checkpoint (step 4, mid-epoch) to the end. Parameters and optimizer state of every rank must
-equal the reference's bit for bit. The manifests prove who wrote what: under DDP every
+equal the reference's bit for bit, and so must the logged losses (the restored log history
+and the steps after it); the DDP case also has a frozen parameter (not in the optimizer), as
+transformers' own resume tests do. The manifests prove who wrote what: under DDP every
 model tensor once (not once per rank), under FSDP2 each rank's shards; every rank's RNG under
 its own key. FSDP2 checkpoints are then resumed on 1 and on 3 ranks (resharded).
 """
@@ -36,11 +38,11 @@ def train(tmp: Path, name: str, world: int = 2, fn: str = "trainer", **args) -> 
     return [r.value for r in res]
 
 
-def interrupted_and_resumed(tmp: Path, mode: str, fn: str = "trainer") -> tuple[list[dict], list[dict]]:
-    ref = train(tmp, "ref", mode=mode, fn=fn)
-    stopped = train(tmp, "stopped", job="run", mode=mode, stop_at=6, fn=fn)
+def interrupted_and_resumed(tmp: Path, mode: str, fn: str = "trainer", **kw) -> tuple[list[dict], list[dict]]:
+    ref = train(tmp, "ref", mode=mode, fn=fn, **kw)
+    stopped = train(tmp, "stopped", job="run", mode=mode, stop_at=6, fn=fn, **kw)
     assert [v["step"] for v in stopped] == [6, 6]
-    resumed = train(tmp, "resumed", job="run", mode=mode, resume=True, fn=fn)
+    resumed = train(tmp, "resumed", job="run", mode=mode, resume=True, fn=fn, **kw)
     assert [v["restored"] for v in resumed] == [4, 4]  # mid-epoch (6 steps per epoch on 2 ranks)
     assert [v["step"] for v in resumed] == [v["step"] for v in ref] == [12, 12]
     return ref, resumed
@@ -58,10 +60,11 @@ def model_entries(store: str, job: str, step: int, prefix: str = "model.") -> di
 
 
 def test_trainer_ddp_resume_is_bit_identical_and_the_model_is_written_once(tmp_path):
-    ref, resumed = interrupted_and_resumed(tmp_path, "ddp")
+    ref, resumed = interrupted_and_resumed(tmp_path, "ddp", freeze=True)
     for r, s in zip(ref, resumed):
         assert s["params"] == r["params"] and s["optim"] == r["optim"] and len(r["optim"]) > 0
         assert s["sched"] == r["sched"]
+        assert s["losses"] == r["losses"]  # the restored log history, and the same losses after it
     assert not resumed[0]["sharded"]
     store = f"file://{tmp_path / 'store'}"
     entries = model_entries(store, "run", 4)
@@ -93,6 +96,7 @@ def test_trainer_fsdp2_resume_matches_an_uninterrupted_run(fsdp_run):
             assert torch.equal(a["params"][k], b["params"][k]), k
         for k in a["optim"]:
             assert torch.equal(a["optim"][k], b["optim"][k]), k
+        assert s["losses"] == r["losses"]
     entries = model_entries(f"file://{tmp / 'store'}", "run", 4)
     sharded = [v for v in entries.values() if len(v) == 2]
     assert sharded, entries  # each rank wrote its own row shard of the sharded parameters
