@@ -36,7 +36,8 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 from ..dcp import StorageReader
 from ..errors import ConfigError, TrainstoreError
 from . import pyvalues
-from .lightning_io import LAYOUT_SHARDED, TrainstoreIOBase, check_global_step
+from .lightning_io import TrainstoreIOBase
+from .lightning_layout import LAYOUT_SHARDED, check_global_step
 from .lightning_pointers import as_loaded_through, norm_path
 from .lightning_state import combine, content_hash
 from .ranks import rank_and_world

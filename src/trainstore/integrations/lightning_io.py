@@ -33,10 +33,17 @@ from ..errors import (
     NoValidCheckpointError,
     TrainstoreError,
 )
-from ..lifecycle.retention import apply_retention, delete_checkpoint
-from ..lifecycle.retention_rules import AnyOf, Registered, RetentionView, Rule
+from ..lifecycle.retention import delete_checkpoint
+from ..lifecycle.retention_rules import Rule
 from ..store.base import Store
 from . import pyvalues
+from .lightning_layout import (
+    LAYOUT_FULL,
+    check_global_step,
+    check_layout,
+    drop_unnamed,
+    lightning_extra,
+)
 from .lightning_pointers import (
     AliasRecord,
     Ref,
@@ -55,32 +62,6 @@ log = logging.getLogger("trainstore.integrations.lightning")
 
 LATEST = "trainstore:latest"
 VARIANT = ".lightning-variant-"
-LAYOUT_FULL = "full"  # one process wrote the whole state (single process, DDP rank 0)
-LAYOUT_SHARDED = "sharded"  # every rank wrote its shards (FSDP / ModelParallelStrategy, the dcp backend)
-
-
-class _LiveAliases(Rule):
-    """Keeps every checkpoint except those the plugin created whose Lightning paths were all removed."""
-
-    def __init__(self, dropped: frozenset[int]) -> None:
-        self.dropped = dropped
-
-    def keep(self, view: RetentionView) -> dict[int, list[str]]:
-        return {m.step: ["a Lightning checkpoint path refers to it"] for m in view.manifests
-                if m.step not in self.dropped}
-
-    def miss(self, m: Any, view: RetentionView) -> str:
-        return "every Lightning path to it was removed (ModelCheckpoint)"
-
-    def describe(self) -> str:
-        return "checkpoints Lightning still refers to"
-
-
-def lightning_extra(manifest: Any) -> dict | None:
-    """The ``lightning`` entry a plugin recorded in a manifest, or None."""
-    extra = manifest.metadata.get("extra")
-    found = extra.get("lightning") if isinstance(extra, dict) else None
-    return found if isinstance(found, dict) else None
 
 
 class TrainstoreIOBase:
@@ -339,7 +320,7 @@ class TrainstoreIOBase:
                                         "committed (the process ended first) or retention removed it; resume "
                                         "from 'last' or 'trainstore:latest'")
             else:
-                self.check_layout(mgr, ref[1], layout)
+                check_layout(mgr, ref[1], layout)
                 try:
                     result = mgr.restore_with_info(ref[1], into=into)
                 except (IntegrityError, NoValidCheckpointError) as exc:
@@ -350,29 +331,10 @@ class TrainstoreIOBase:
             mgr = self.manager
             newest = mgr.latest_step()
             if newest is not None:
-                self.check_layout(mgr, newest, layout)
+                check_layout(mgr, newest, layout)
             result = mgr.restore_with_info(None, into=into)
         self.last_restore = result
         return result
-
-    def check_layout(self, mgr: CheckpointManager, step: int, layout: str) -> None:
-        """A checkpoint of another framework or state layout is refused, saying which."""
-        try:
-            m = mgr.manifest(step)
-        except TrainstoreError:
-            return  # unreadable: the restore's fallback deals with it
-        found = lightning_extra(m)
-        if found is None:
-            others = sorted(k for k in (m.metadata.get("extra") or {}) if isinstance(k, str))
-            by = f"by {', '.join(others)}" if others else "by a plain CheckpointManager"
-            raise ConfigError(f"step {step} of job {mgr.job!r} was not saved by TrainstoreCheckpointIO (saved {by}); "
-                              "restore it with the API that saved it, or point the plugin at its own job")
-        saved = found.get("layout", LAYOUT_FULL)
-        if saved != layout:
-            how = {LAYOUT_FULL: "the full-state layout (single process or DDP: rank 0 writes the replicated model)",
-                   LAYOUT_SHARDED: "the sharded layout (FSDP / ModelParallelStrategy: every rank wrote its shards)"}
-            raise ConfigError(f"step {step} of job {mgr.job!r} was saved in {how.get(saved, repr(saved))}, this strategy "
-                              f"loads {how[layout]}; resume with the strategy that saved it (trainstore_strategy)")
 
     def remove_checkpoint(self, path: Any) -> None:
         """Lightning no longer wants ``path``: delete its pointer, forget the alias; the
@@ -427,15 +389,10 @@ class TrainstoreIOBase:
                     self._aliases.save(mgr.store)
                     self._dirty = False
             return
-        rule = AnyOf(_LiveAliases(main_dropped), Registered(), *self.keep)
-        try:
-            plan = apply_retention(mgr.store, self.job, rule)
-        except ConfigError as exc:  # it would delete every checkpoint: keep them
-            log.warning("Lightning retention of job %r not applied: %s", self.job, exc)
-            return
-        for d in plan.deleted:
-            self._forget((self.job, d.step))
-        if plan.deleted or variants:
+        deleted = drop_unnamed(mgr.store, self.job, main_dropped, self.keep)
+        for step in deleted:
+            self._forget((self.job, step))
+        if deleted or variants:
             with self._lock:
                 self._aliases.save(mgr.store)
                 self._dirty = False
@@ -448,11 +405,4 @@ class TrainstoreIOBase:
             self._dirty = True
 
 
-def check_global_step(checkpoint: dict, path: Any) -> int:
-    step = checkpoint.get("global_step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ConfigError(f"Lightning checkpoint for {path} has no valid global_step: {step!r}")
-    return step
-
-
-__all__ = ["TrainstoreIOBase", "LATEST", "LAYOUT_FULL", "LAYOUT_SHARDED", "lightning_extra", "check_global_step"]
+__all__ = ["TrainstoreIOBase", "LATEST", "VARIANT"]
