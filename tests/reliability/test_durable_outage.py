@@ -53,7 +53,10 @@ def _tiers(tmp_path, flaky_s3, clock, **policy) -> Tiering:
                    policy=TierPolicy(**{**base, **policy}), clock=clock)
 
 
-def test_training_runs_through_a_five_minute_durable_outage(tmp_path, fault_proxy, flaky_s3):
+@pytest.mark.parametrize("mode", ["reset", pytest.param("stall", marks=pytest.mark.stress)])
+def test_training_runs_through_a_five_minute_durable_outage(tmp_path, fault_proxy, flaky_s3, mode):
+    """``reset``: every connection refused at once; ``stall`` (stress): nothing answers until
+    the client times out, so each durable call costs a timeout."""
     clock = Clock()
     tiers = _tiers(tmp_path, flaky_s3, clock)
     metrics = CheckpointMetrics(persist=False)
@@ -64,7 +67,7 @@ def test_training_runs_through_a_five_minute_durable_outage(tmp_path, fault_prox
     for step in range(24):  # the loop itself: it must never raise
         clock.t += STEP_S
         if step == 4:
-            fault_proxy.outage = "reset"
+            fault_proxy.outage = mode
         if step == 14:  # ten steps down: 300 s of outage
             during = (tiers.backlog_status("run"), sorted(int(k.key.split("/")[3]) for k in
                                                           tiers.hot.list("jobs/run/checkpoints/")
