@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.layout import list_abandoned, manifest_key
+from trainstore.checkpoint.layout import abandoned_key, list_abandoned, manifest_key
 from trainstore.checkpoint.lineage import load_abandoned
 from trainstore.checkpoint.reader import load_state
 from trainstore.checkpoint.writer import WriteOptions
@@ -156,3 +156,21 @@ def test_retention_removes_abandoned_steps_once_the_lineage_moved_past_them(tmp_
         apply_retention(mgr.store, "j", RetentionPolicy(keep_last=3))
         assert mgr.steps() == [6, 7, 8] and list_abandoned(mgr.store, "j") == []
         assert [float(mgr.restore(step=s)["w"][0]) for s in (6, 7, 8)] == [61.0, 71.0, 81.0]
+
+
+def test_rollback_moves_the_good_manifest_copy_when_one_tier_is_corrupt(tmp_path):
+    tiers = Tiering(str(tmp_path / "hot"), str(tmp_path / "durable"), policy=TierPolicy(hot_keep_last=10))
+    with tiers.manager("j", options=SMALL) as mgr:
+        _save_steps(mgr, range(1, 4))
+        path = tiers.hot.local_path(manifest_key("j", 3))
+        with open(path, "r+b") as f:  # bit rot in the hot copy of step 3's manifest
+            f.seek(20)
+            f.write(b"\xff")
+        mgr.restore(step=1)
+        _save_steps(mgr, [2], run=1)
+    tiers.close()
+    for tier in (tiers.hot, tiers.durable):  # one abandoned step 3, the good bytes, in both tiers
+        found = [(s, r) for s, r, _k in list_abandoned(tier, "j") if s == 3]
+        assert len(found) == 1 and not found[0][1].startswith("legacy-"), found
+        load_abandoned(tier, abandoned_key("j", 3, found[0][1]))
+    collect_garbage(tiers.hot, GcOptions(grace=0))  # no unreadable manifest left to block a sweep

@@ -72,9 +72,10 @@ def abandon(store: Store, job: str, steps: list[int]) -> list[tuple[int, str]]:
     moved = []
     for step in sorted(steps, reverse=True):
         run = None
+        good = _good_copy(store, job, step)
         for tier in store.tiers():
             try:
-                run = _move(tier, job, step)
+                run = _move(tier, job, step, good)
             except NotFoundError:
                 continue  # this tier never held it (or a racing rank moved it)
         if run is not None:
@@ -82,14 +83,26 @@ def abandon(store: Store, job: str, steps: list[int]) -> list[tuple[int, str]]:
     return moved
 
 
-def _move(tier: Store, job: str, step: int) -> str:
+def _good_copy(store: Store, job: str, step: int) -> tuple[bytes, Manifest] | None:
+    """The first tier's copy of the manifest that validates: moved into every tier, so a
+    corrupt copy in one tier is not kept beside the good one (None: no tier has one)."""
     key = manifest_key(job, step)
-    raw = bytes(memoryview(tier.get(key)))
-    try:
-        m: Manifest | None = Manifest.from_bytes(raw, key)
-    except ManifestError:
-        m = None  # an unreadable manifest is kept as it is, for inspection
-    run = _run_name(m, raw)
+    for tier in store.tiers():
+        try:
+            raw = bytes(memoryview(tier.get(key)))
+            return raw, Manifest.from_bytes(raw, key)
+        except (NotFoundError, ManifestError):
+            continue
+    return None
+
+
+def _move(tier: Store, job: str, step: int, good: tuple[bytes, Manifest] | None) -> str:
+    key = manifest_key(job, step)
+    raw = bytes(memoryview(tier.get(key)))  # NotFoundError: this tier does not hold it
+    m: Manifest | None = None
+    if good is not None:
+        raw, m = good
+    run = _run_name(m, raw)  # no good copy anywhere: this tier's bytes, kept for inspection
     dest = abandoned_key(job, step, run)
     try:
         tier.put_if_absent(dest, raw)
