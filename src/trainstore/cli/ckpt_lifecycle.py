@@ -118,7 +118,9 @@ def retain(url: str, job: str = JobOpt,
     print_table(table, wrap=("why",))
     freed = sum(d.stored_bytes for d in plan.deleted)
     console.print(f"{len(plan.kept)} kept, {len(plan.deleted)} {'would be ' if dry_run else ''}deleted "
-                  f"(up to {freed:,} B of chunks for `ckpt gc` to reclaim)")
+                  + (f"(up to {freed:,} B of chunks freed)" if dry_run else
+                     f"({plan.reclaimed_bytes:,} B of chunks reclaimed now; what another job or a lease still "
+                     "needed is left to `ckpt gc`)"))
 
 
 # -- garbage collection ---------------------------------------------------------------------
