@@ -97,3 +97,13 @@ def test_reclaim_after_every_save_reads_each_manifest_a_bounded_number_of_times(
         assert mgr.steps() == [7, 8] and _chunk_keys(mgr.store) == _referenced(mgr.store, "hf")
     # once by retention (its cache), once by the reclaim sweep (its cache), not once per later save
     assert max(reads[s] for s in range(1, 7)) <= 2, reads
+
+
+def test_ckpt_retain_says_what_it_reclaimed(tmp_path):
+    root = str(tmp_path / "store")
+    with CheckpointManager(root, job="j", options=SMALL) as mgr:
+        mgr.save(1, _state(1), blocking=True)
+        mgr.save(2, _state(2), blocking=True)
+    r = CliRunner().invoke(app, ["ckpt", "retain", root, "-j", "j", "--keep-last", "1"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "1 kept, 1 deleted (" in r.stdout and "reclaimed now" in r.stdout, r.output
+    assert "(0 B of" not in r.stdout, r.output
