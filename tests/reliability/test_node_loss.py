@@ -8,6 +8,7 @@ SIGKILL in the middle of a transfer."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -105,8 +106,8 @@ def test_too_many_lost_falls_back_to_durable(tmp_path):
 def test_corrupt_replica_detected_and_other_copy_used(tmp_path):
     _save(tmp_path, 4, {"replicas": 2})
     # node 2 is node 1's first replica holder: flip a byte in one of its replica chunks
-    peer2 = tmp_path / "peer2" / "chunks"
-    victim = sorted(p for p in peer2.rglob("*") if p.is_file())[0]
+    rec = json.loads((tmp_path / "peer2" / "records" / "000001" / "000000000020.json").read_bytes())
+    victim = tmp_path / "peer2" / sorted(rec["keys"])[0]
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
