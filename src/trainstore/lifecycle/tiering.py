@@ -137,6 +137,7 @@ class Tiering:
         self.policy = policy or TierPolicy()
         self.workers = workers
         self.observers = list(observers)
+        self._job_observers: dict[Any, list[Callable[[str, dict], None]]] = {}  # job -> its manager's observers
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-tier")
         self._pending: list[Future] = []
         self._lock = threading.Lock()
@@ -159,6 +160,7 @@ class Tiering:
         for the copy in ``wait``/``close`` (its checkpoints are durable when they return).
         A durable outage is retried in the background (``limits_hook`` stops training)."""
         ready = time.time()
+        self._job_observers[manager.job] = [o for o in manager.observers if o not in self.observers]
         self.backlog.add(manager.job, info.step, info.stored_bytes)
         fut = self._pool.submit(self._copy_and_evict, manager.job, info.step, info.created, ready)
         with self._lock:
@@ -235,12 +237,8 @@ class Tiering:
         record = {"created": created, "restore_ready_at": restore_ready_at, "durable_at": durable_at,
                   "copied_bytes": copied}
         self.durable.put(_tier_key(job, step), json.dumps(record).encode())
-        for obs in self.observers:
-            try:
-                obs("durable", {"job": job, "step": step, "since_created": durable_at - created,
-                                "copied_bytes": copied, "tier": "durable"})
-            except Exception as exc:  # noqa: BLE001
-                log.warning("tiering observer failed: %s", exc)
+        self._notify("durable", {"job": job, "step": step, "since_created": durable_at - created,
+                                 "copied_bytes": copied, "tier": "durable"})
         # built here, not by status(): listing the archive would make the copy depend on it
         # (and archive() moves only steps that left hot, so this one is not archived)
         kind = mf.load_manifest(self.hot, job, step).kind
@@ -251,7 +249,9 @@ class Tiering:
         self._notify("repair", {"job": job, "key": event.key, "tier": event.store, "source": event.source})
 
     def _notify(self, event: str, fields: dict) -> None:
-        for obs in self.observers:
+        """To the tiering's observers; backlog events also to the job's manager's (metrics)."""
+        extra = self._job_observers.get(fields.get("job"), []) if event == "durable_backlog" else []
+        for obs in (*self.observers, *extra):
             try:
                 obs(event, fields)
             except Exception as exc:  # noqa: BLE001 - monitoring never breaks a copy
