@@ -174,3 +174,17 @@ def test_rollback_moves_the_good_manifest_copy_when_one_tier_is_corrupt(tmp_path
         assert len(found) == 1 and not found[0][1].startswith("legacy-"), found
         load_abandoned(tier, abandoned_key("j", 3, found[0][1]))
     collect_garbage(tiers.hot, GcOptions(grace=0))  # no unreadable manifest left to block a sweep
+
+
+def test_start_run_declares_a_rollback_or_rerun_in_the_same_manager(tmp_path):
+    with CheckpointManager(str(tmp_path), job="j", options=SMALL) as mgr:
+        _save_steps(mgr, [1, 2, 3])
+        first = mgr.run
+        mgr.start_run(from_step=1)  # state loaded by other means (e.g. a framework's own resume)
+        _save_steps(mgr, [2], run=1)
+        assert mgr.steps() == [1, 2] and mgr.run != first
+        assert [s for s, _r, _k in list_abandoned(mgr.store, "j")] == [2, 3]
+        mgr.start_run(run="rerun-b")  # a fresh run: everything from its first step on is left behind
+        _save_steps(mgr, [1], run=2)
+        assert mgr.steps() == [1] and mgr.manifest(1).metadata["run"] == "rerun-b"
+        assert float(mgr.restore()["w"][0]) == 12.0
