@@ -97,3 +97,32 @@ def test_a_bad_group_timeout_is_a_config_error_naming_the_variable(monkeypatch, 
         group_timeout_s()
     monkeypatch.setenv(TIMEOUT_ENV, "2.5")
     assert group_timeout_s() == 2.5
+
+
+def test_a_chosen_step_that_fails_to_load_is_recorded_bad_and_the_restart_falls_back(tmp_path):
+    """Saves at 4 and 8 (2 ranks); a chunk only step 8 holds is corrupted. The resume (1 rank:
+    the sharded layout reshards) chooses 8 by its TrainerState, fails loading the model: a clear
+    IntegrityError saying it is recorded bad. The restart then resumes from step 4."""
+    store = f"file://{tmp_path / 'store'}"
+    common = {"store": store, "job": "run", "root": str(tmp_path / "r"), "out": str(tmp_path / "r"), "mode": "ddp"}
+    res = run_ranks("hf_dist_worker:trainer", world=2, args={**common, "stop_at": 9}, timeout_s=240,
+                    pg_timeout_s=60, pythonpath=[str(HERE)])
+    assert all(r.ok for r in res), [(r.error, r.stderr[-2000:]) for r in res]
+    with CheckpointManager(store, "run") as mgr:
+        assert mgr.steps() == [4, 8]
+        older = {c.ref.key() for t in mgr.manifest(4).tensors.values() for c in t.chunks}
+        entry = mgr.manifest(8).tensors["model.transformer.h.0.mlp.c_fc.weight@0,0"]
+        key = entry.chunks[0].ref.key()
+        assert key not in older
+    path = tmp_path / "store" / key
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    first = run_ranks("hf_dist_worker:trainer", world=1, args={**common, "resume": True}, timeout_s=240,
+                      pg_timeout_s=60, pythonpath=[str(HERE)])[0]
+    assert first.error is not None and "step 8" in first.error and "recorded bad" in first.error, \
+        (first.error, first.stderr[-2000:])
+    again = run_ranks("hf_dist_worker:trainer", world=1, args={**common, "resume": True}, timeout_s=240,
+                      pg_timeout_s=60, pythonpath=[str(HERE)])[0]
+    assert again.ok, (again.error, again.stderr[-2000:])
+    assert again.value["restored"] == 4 and "skipped 8" in again.value["last_restore"]

@@ -61,7 +61,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 
 from ..checkpoint import CheckpointManager, RestoreResult, SaveHandle, capture_rng, restore_rng
-from ..errors import ConfigError, NoCheckpointError
+from ..errors import ConfigError, IntegrityError, NoCheckpointError
 from ..lifecycle.retention import retention_hook
 from ..lifecycle.retention_rules import AnyOf, BestN, LatestN, Rule
 from .hf_dist import (
@@ -75,7 +75,7 @@ from .hf_dist import (
     step_layout,
 )
 from .hf_export import PRETRAINED_FORMAT, load_weights
-from .ranks import RANKS_KEY, own_entry, restore_rank_state, rng_state
+from .ranks import RANKS_KEY, own_entry, rank_and_world, restore_rank_state, rng_state
 
 log = logging.getLogger("trainstore.integrations.hf")
 
@@ -282,10 +282,20 @@ class TrainstoreTrainerMixin:
     def _load_sharded(self) -> None:
         """Restore the chosen sharded checkpoint into the wrapped model, optimizer, scheduler
         (resharded by DCP), then this rank's RNG; collective: every rank runs it. A step that
-        fails to load here is recorded bad (integrity), so a restart falls back past it."""
+        fails its integrity checks here (its TrainerState, read first, was fine) cannot be
+        swapped for an older one any more: it is verified and so recorded bad, and the error
+        says a restart falls back past it."""
         target = self._sharded_state(for_load=True)
         del target["format"], target["trainer_state"]  # read by _prepare_resume
-        result = self.checkpoints.restore_with_info(self._resume_step, into=target)  # type: ignore[arg-type]
+        step = self._resume_step
+        try:
+            result = self.checkpoints.restore_with_info(step, into=target)  # type: ignore[arg-type]
+        except IntegrityError as exc:
+            if rank_and_world()[0] == 0:
+                self.checkpoints.verify(step)  # type: ignore[arg-type]  # records it bad for the next restore
+            raise IntegrityError(f"checkpoint step {step} of job {self.checkpoints.job!r} was chosen but its model/"
+                                 f"optimizer state failed to load ({exc}); it is now recorded bad: restart the "
+                                 "job to resume from the newest older checkpoint that verifies") from exc
         load_model(self.model, target["model"])
         if "optimizer" in target:
             load_optimizer(self.model, self.optimizer, target["optimizer"])
@@ -340,4 +350,4 @@ class TrainstoreTrainer(TrainstoreTrainerMixin, Trainer):
 
 
 __all__ = ["TrainstoreTrainer", "TrainstoreTrainerMixin", "parse_resume", "step_metrics", "retention_rule",
-           "PREFIX", "STATE_FORMAT"]
+           "PREFIX", "STATE_FORMAT", "DIST_FORMAT"]
