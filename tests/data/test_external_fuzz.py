@@ -64,7 +64,7 @@ def _serve_everything(root: str, cache: str) -> None:
         for i in range(0, len(ds), 7):
             ds[i]
         ds.take(np.arange(len(ds)))
-        loader = Loader(ds, batch_size=16, seed=0, rank=0, world_size=1)
+        loader = Loader(ds, batch_size=16, shuffle=False, rank=0, world_size=1)
         try:
             for _ in loader:
                 pass
@@ -246,30 +246,47 @@ def test_parquet_fuzzed_long(data):
     _parquet_dir(data)
 
 
-def _inconsistent_footers(count: int) -> list[bytes]:
-    """One-byte corruptions of a Parquet footer that still parses but whose row groups do not
-    add up to its row count."""
-    base = PARQUET[False]
+def _lies(meta: pq.FileMetaData) -> bool:
+    """Whether a footer that parsed does not hold together: its row groups do not add up to its
+    row count or have another number of column chunks than the schema has columns, or a column
+    name does not decode."""
+    try:
+        counts = []
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            counts.append(rg.num_rows)
+            if rg.num_columns != meta.num_columns:
+                return True
+        for c in range(meta.num_columns):
+            meta.schema.column(c).path  # noqa: B018 - (a column chunk's own accessors can abort)
+    except (pa.ArrowException, ValueError):
+        return True
+    return sum(counts) != meta.num_rows or any(n < 0 for n in counts)
+
+
+def _lying_footers(count: int) -> list[bytes]:
+    """One-byte corruptions of a Parquet footer that still parses but does not hold together."""
     found = []
-    for pos in range(max(0, len(base) - 1200), len(base) - 8):
-        for byte in (0x00, 0x01, 0x40, 0x7F, 0xFF):
-            data = bytearray(base)
-            data[pos] = byte
-            try:
-                meta = pq.read_metadata(pa.BufferReader(bytes(data)))
-                counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-            except (pa.ArrowException, OSError):
-                continue
-            if sum(counts) != meta.num_rows or any(n < 0 for n in counts):
-                found.append(bytes(data))
+    for checksums in (False, True):
+        base = PARQUET[checksums]
+        for pos in range(max(0, len(base) - 1200), len(base) - 8):
+            for byte in (0x00, 0x01, 0x40, 0x7F, 0x80, 0xFF):
+                data = bytearray(base)
+                data[pos] = byte
+                try:
+                    meta = pq.read_metadata(pa.BufferReader(bytes(data)))
+                except (pa.ArrowException, OSError):
+                    continue
+                if _lies(meta):
+                    found.append(bytes(data))
     assert len(found) >= count
     return found[::len(found) // count][:count]
 
 
-def test_parquet_footer_with_inconsistent_row_counts_is_refused():
-    """The fuzzer's find: a footer whose row groups do not hold its row count raised
-    IndexError out of ``ds[i]``."""
-    for data in _inconsistent_footers(4):
+def test_parquet_footers_that_parse_but_do_not_hold_together_are_refused():
+    """The fuzzer's finds: such footers raised IndexError (row counts) or UnicodeDecodeError
+    (a column name) out of ``ds[i]``."""
+    for data in _lying_footers(10):
         with tempfile.TemporaryDirectory() as tmp:
             for name, content in {"a.parquet": PARQUET[False], "b.parquet": data}.items():
                 with open(os.path.join(tmp, name), "wb") as f:
@@ -290,3 +307,19 @@ def test_parquet_shape_metadata_that_is_not_a_shape(shape):
         pq.write_table(table, os.path.join(root, "a.parquet"))
         with pytest.raises(TrainstoreError, match=r"shaped.*column 'x'"):
             _serve_everything(root, os.path.join(tmp, "hot"))
+
+
+def test_parquet_strings_that_are_not_utf8_are_refused():
+    """The fuzzer's find: a string page of an external file (no CRC) with bytes that are not
+    UTF-8 raised UnicodeDecodeError out of ``ds[i]`` and ``take``."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(_table(), sink, compression="none", use_dictionary=False, write_statistics=False)
+    data = sink.getvalue().to_pybytes()
+    at = data.index(b"row-17")
+    for read in ("ranges", "whole"):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "b.parquet"), "wb") as f:
+                f.write(data[:at] + b"\x80" + data[at + 1:])
+            ds = Dataset.open(tmp, cache_dir=os.path.join(tmp, "hot"))
+            with pytest.raises(TrainstoreError, match=r"b\.parquet.*column 's'"):
+                ds[17] if read == "ranges" else ds.take([17])

@@ -63,7 +63,10 @@ def column_view(arr: pa.Array, spec: ColumnSpec, name: str, key: str) -> np.ndar
     if arr.null_count and dtype is not None:
         raise SchemaError(f"shard {key}: column {name!r} has nulls; tensor columns may not")
     if dtype is None:
-        return object_rows(arr.to_pylist())
+        try:
+            return object_rows(arr.to_pylist())
+        except (pa.ArrowException, ValueError) as exc:  # a string that is not UTF-8 (an external file)
+            raise IntegrityError(f"shard {key}: column {name!r} does not decode ({exc})") from None
     n = len(arr)
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage

@@ -68,9 +68,24 @@ def parquet_footer(store: Store, key: str, size: int) -> pq.FileMetaData:
 
 
 def check_footer(meta: pq.FileMetaData, where: str) -> pq.FileMetaData:
-    """``meta`` if its row groups hold its row count (a footer from elsewhere may claim any
-    numbers; serving indexes row groups by them); else ``IntegrityError`` naming ``where``."""
-    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    """``meta`` if its row groups hold its row count and its column chunks name their columns
+    readably (a footer from elsewhere may claim anything; serving indexes row groups by these
+    numbers and picks chunks by these names); else ``IntegrityError`` naming ``where``."""
+    try:
+        leaves = meta.num_columns
+        counts = []
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            counts.append(rg.num_rows)
+            if rg.num_columns != leaves:  # pyarrow indexes the schema by chunk without a bound check
+                raise IntegrityError(f"{where}: row group {g} has {rg.num_columns} column chunks, "
+                                     f"the schema {leaves} columns")
+        for c in range(leaves):
+            meta.schema.column(c).path  # noqa: B018 - decodes the name: not UTF-8 raises here
+    except (pa.ArrowException, ValueError) as exc:
+        if isinstance(exc, IntegrityError):
+            raise
+        raise IntegrityError(f"{where}: the footer's row groups are not readable ({exc})") from None
     if any(n < 0 for n in counts) or sum(counts) != meta.num_rows:
         raise IntegrityError(f"{where}: footer says {meta.num_rows} rows, its row groups hold {counts[:20]}")
     return meta
@@ -113,6 +128,10 @@ class _RangedShard:
             check_unchanged(store, info.key, tag, info.bytes)
         self.raw, self.file = _open_parquet(store, info.key, info.bytes, footer, verify)
         self.lock = threading.Lock()
+        #: a file trainstore wrote: its column chunks are fetched in one call per row group.
+        #: Another's footer is not read chunk by chunk here (pyarrow's accessors of a hostile
+        #: chunk's metadata abort the process): its decoder fetches each chunk as it reads it.
+        self.trusted = bool(info.checksum)
 
 
 class ParquetRows:
@@ -249,7 +268,13 @@ class ParquetRows:
     def _ranged_group(self, shard: int, f: _RangedShard) -> Callable[[int], GroupViews]:
         def decode(group: int) -> tuple[GroupViews, int]:
             with f.lock:
-                f.raw.load(column_chunk_ranges(f.file.metadata, group, list(self.specs)))
+                if f.trusted:
+                    try:
+                        ranges = column_chunk_ranges(f.file.metadata, group, list(self.specs))
+                    except (pa.ArrowException, ValueError) as exc:
+                        raise IntegrityError(f"{self.where(shard)}: row group {group}'s footer entry is not "
+                                             f"readable ({exc})") from None
+                    f.raw.load(ranges)
                 try:
                     return self.decode_group(shard, group, f.file)
                 finally:
