@@ -40,7 +40,7 @@ from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E
 from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from checkpoint_cold import RESTORE_METHODS, SAVE_METHODS, run_cold  # noqa: E402
+from checkpoint_cold import CACHE_STATES, RESTORE_METHODS, SAVE_METHODS, run_cold  # noqa: E402
 
 
 def fsync_path(path: str) -> None:
@@ -324,11 +324,17 @@ def main() -> None:
     ap.add_argument("--full-codec", default=None, help="WriteOptions.codec (with raw_above=1.0) for the (b) run")
     ap.add_argument("--cold", action="store_true", help="also fresh-process figures (checkpoint_cold.py)")
     ap.add_argument("--cold-only", action="store_true", help="only the fresh-process figures")
+    ap.add_argument("--cache", default=",".join(CACHE_STATES),
+                    help="page-cache states of the fresh-process restores: evicted, cached (comma separated)")
+    ap.add_argument("--size", type=float, default=None, help="alias of --gib (e.g. --size 0.05 for a smoke run)")
     ap.add_argument("--methods", default=",".join(SAVE_METHODS + RESTORE_METHODS),
                     help="fresh-process methods to run (comma separated): " + ", ".join(SAVE_METHODS + RESTORE_METHODS))
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
-    gib = args.gib or (0.125 if args.quick else 2.0)
+    gib = args.gib or args.size or (0.125 if args.quick else 2.0)
+    cache_states = tuple(c for c in args.cache.split(",") if c)
+    if set(cache_states) - set(CACHE_STATES):
+        raise SystemExit(f"unknown --cache {args.cache!r}: evicted, cached")
     torch.set_num_threads(2)
     root = tempfile.mkdtemp(prefix="ts-ckpt-bench-", dir=args.dir)
     try:
@@ -344,11 +350,12 @@ def main() -> None:
                 torch.manual_seed(0)
                 per = int(gib * (1 << 30)) // 4 // 16
                 state = {f"t{i}": torch.randn(per) for i in range(16)}
-                run_cold(f"(a) {gib:g} GiB float32 in 16 tensors", state, os.path.join(root, "cold-a"), repeats, methods)
+                run_cold(f"(a) {gib:g} GiB float32 in 16 tensors", state, os.path.join(root, "cold-a"), repeats, methods,
+                         cache_states)
                 del state
                 shutil.rmtree(os.path.join(root, "cold-a"), ignore_errors=True)
             run_cold("(b) GPT model + AdamW state (after 10 steps)", trained_gpt_state(args.quick),
-                     os.path.join(root, "cold-b"), repeats, methods)
+                     os.path.join(root, "cold-b"), repeats, methods, cache_states)
             shutil.rmtree(os.path.join(root, "cold-b"), ignore_errors=True)
         if args.cold_only:
             return

@@ -34,11 +34,21 @@ import time
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pagecache  # noqa: E402
+
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
 
-SAVE_METHODS = ("torch_save", "safetensors", "dcp_async", "trainstore", "trainstore_reserve")
-RESTORE_METHODS = ("torch_load", "torch_load_mmap", "safetensors_load", "trainstore_restore",
+SAVE_METHODS = ("plain_write", "torch_save", "safetensors", "dcp_async", "trainstore", "trainstore_reserve")
+RESTORE_METHODS = ("torch_load", "torch_load_mmap", "safetensors_load", "dcp_load", "trainstore_restore",
                    "trainstore_restore_incr")
+#: page-cache states a restore is measured in: every method's files dropped from the cache
+#: (fsync + posix_fadvise DONTNEED, checked with mincore) or all of them read once before
+CACHE_STATES = ("evicted", "cached")
+#: the files each restore method reads, under the prepared work directory
+METHOD_FILES = {"torch_load": ("state.pt",), "torch_load_mmap": ("state.pt",),
+                "safetensors_load": ("state.safetensors",), "dcp_load": ("dcp",),
+                "trainstore_restore": ("ts",), "trainstore_restore_incr": ("ts",)}
 TOUCH_MIB = 256
 
 
@@ -83,6 +93,15 @@ def first_touch_gbps(mib: int = TOUCH_MIB) -> float:
 def _save(method: str, state, out: str) -> tuple[float, float, float]:
     """(blocking s, durable s, s spent before the clock started: ``reserve()``) of one save of
     ``state`` under ``out``."""
+    if method == "plain_write":  # the floor of time to durable: the same bytes, one sequential write + fsync
+        views = [t.reshape(-1).view(torch.uint8).numpy() for t in flat_tensors(state).values()]
+        t = time.perf_counter()
+        with open(out, "wb", buffering=0) as f:
+            for v in views:
+                f.write(v)
+            os.fsync(f.fileno())
+        d = time.perf_counter() - t
+        return d, d, 0.0
     if method == "torch_save":
         t = time.perf_counter()
         with open(out, "wb") as f:
@@ -127,16 +146,23 @@ def _save(method: str, state, out: str) -> tuple[float, float, float]:
 
 
 def _restore(method: str, work: str) -> float:
-    """Seconds to restore the prepared checkpoint into fresh memory, every page read once."""
+    """Seconds to restore the prepared checkpoint into fresh memory, every page read once
+    (libraries imported before the clock starts, as trainstore is at module level)."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
     t = time.perf_counter()
     if method == "torch_load":
         state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
     elif method == "torch_load_mmap":
         state = torch.load(os.path.join(work, "state.pt"), weights_only=True, mmap=True)
     elif method == "safetensors_load":
-        from safetensors.torch import load_file
-
         state = load_file(os.path.join(work, "state.safetensors"))
+    elif method == "dcp_load":  # into fresh tensors of the state's shapes (what a resume allocates)
+        with open(os.path.join(work, "shapes.json")) as f:
+            shapes = json.load(f)
+        state = {k: torch.empty(v[0], dtype=getattr(torch, v[1])) for k, v in shapes.items()}
+        dcp.load(state, checkpoint_id=os.path.join(work, "dcp"))
     elif method == "trainstore_restore":
         mgr = CheckpointManager(os.path.join(work, "ts"), job="cold")
         state = mgr.restore(step=1)
@@ -189,6 +215,12 @@ def prepare(state, work: str) -> int:
     mgr.save(1, state, blocking=True)
     mgr.save(2, stepped(state), blocking=True, kind="incremental")  # for trainstore_restore_incr
     mgr.close()
+    import torch.distributed.checkpoint as dcp
+
+    flat = flat_tensors(state)
+    dcp.save(flat, checkpoint_id=os.path.join(work, "dcp"))
+    with open(os.path.join(work, "shapes.json"), "w") as f:
+        json.dump({k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in flat.items()}, f)
     return sum(t.nbytes for t in flat_tensors(state).values())
 
 
@@ -204,6 +236,25 @@ def stepped(state):
     return state
 
 
+def method_files(method: str, work: str) -> list[str]:
+    return pagecache.files_under(*(os.path.join(work, p) for p in METHOD_FILES.get(method, ())))
+
+
+def set_cache_state(work: str, state: str) -> None:
+    """Every restore method's files evicted from the page cache, or all read once."""
+    files = pagecache.files_under(*(os.path.join(work, p) for p in ("state.pt", "state.safetensors", "dcp", "ts")))
+    (pagecache.evict if state == "evicted" else pagecache.cache)(files)
+
+
+def residency(work: str, methods) -> dict[str, float]:
+    """Fraction of each restore method's files in the page cache now (mincore; not a timing)."""
+    out = {}
+    for m in methods:
+        r, n = pagecache.resident_all(method_files(m, work))
+        out[m] = r / n if n else 0.0
+    return out
+
+
 def _run_child(method: str, work: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--work", work]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -212,20 +263,35 @@ def _run_child(method: str, work: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_cold(label: str, state, work: str, repeats: int, methods: list[str]) -> dict:
-    """Interleaved fresh-process rounds of ``methods``; prints and returns the medians."""
+def run_cold(label: str, state, work: str, repeats: int, methods: list[str],
+             cache_states: tuple[str, ...] = CACHE_STATES) -> dict:
+    """Interleaved fresh-process rounds of ``methods``; prints and returns the medians. Restores
+    run once per page-cache state in ``cache_states`` (as ``method@state``); before each, every
+    method's files are set to that state and each method's own resident fraction is recorded."""
     nbytes = prepare(state, work)
-    results: dict[str, list[dict]] = {m: [] for m in methods}
+    restores_in = [m for m in methods if m in RESTORE_METHODS]
+    as_written = residency(work, restores_in)
+    print(f"\n[{label}] page cache right after writing (what a same-run restore found before --cache): "
+          + ", ".join(f"{m} {v:.0%}" for m, v in as_written.items()))
+    runs = [m for m in methods if m in SAVE_METHODS] + [f"{m}@{c}" for c in cache_states for m in restores_in]
+    results: dict[str, list[dict]] = {m: [] for m in runs}
     errors: dict[str, str] = {}
     for _ in range(repeats):
-        for m in methods:
-            if m in errors:
+        for key in runs:
+            if key in errors:
                 continue
+            m, _, cstate = key.partition("@")
+            os.sync()  # no writeback of the previous child in this one's clock
+            if cstate:
+                set_cache_state(work, cstate)
+                res_before = residency(work, [m])[m]
             r = _run_child(m, work)
             if "error" in r:
-                errors[m] = r["error"]
-            else:
-                results[m].append(r)
+                errors[key] = r["error"]
+                continue
+            if cstate:
+                r["resident"] = res_before
+            results[key].append(r)
     touches = [r["touch_gbps"] for rs in results.values() for r in rs]
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "method"}
            for m, rs in results.items() if rs}
@@ -243,13 +309,20 @@ def run_cold(label: str, state, work: str, repeats: int, methods: list[str]) -> 
             b, d = med[m]["blocking"], med[m]["durable"]
             rel = f"{b / ts:>13.3f}{d / ts:>15.3f}" if ts else f"{'-':>13}{'-':>15}"
             print(f"  {m:<20}{b:>12.3f}{d:>12.3f}{rel}{med[m].get('before_clock', 0.0):>13.3f}")
-    tl = med.get("torch_load", {}).get("restore")
-    restores = [m for m in methods if m in RESTORE_METHODS and m in med]
-    if restores:
-        print(f"  {'restore method':<20}{'s':>12}{'/torch.load':>13}")
-        for m in restores:
-            r = med[m]["restore"]
-            print(f"  {m:<20}{r:>12.3f}{(f'{r / tl:>13.3f}' if tl else f'{chr(45):>13}')}")
+    floor = med.get("plain_write", {}).get("durable")
+    if floor and "trainstore" in med:
+        print(f"  trainstore durable / plain sequential write+fsync (the floor): {med['trainstore']['durable'] / floor:.3f}"
+              + (f"; after reserve(): {med['trainstore_reserve']['durable'] / floor:.3f}" if "trainstore_reserve" in med else ""))
+    if "trainstore" in med and "dcp_async" in med:
+        print(f"  first save blocking / DCP async_save's first save: {med['trainstore']['blocking'] / med['dcp_async']['blocking']:.3f}")
+    for cstate in cache_states:
+        tl = med.get(f"torch_load@{cstate}", {}).get("restore")
+        restores = [m for m in restores_in if f"{m}@{cstate}" in med]
+        if restores:
+            print(f"  {'restore, files ' + cstate:<28}{'s':>10}{'/torch.load':>13}{'resident before':>17}")
+            for m in restores:
+                r, res = med[f"{m}@{cstate}"]["restore"], med[f"{m}@{cstate}"]["resident"]
+                print(f"  {m:<28}{r:>10.3f}{(f'{r / tl:>13.3f}' if tl else f'{chr(45):>13}')}{res:>17.0%}")
     for m, e in errors.items():
         print(f"  {m:<20} unavailable: {e}")
     return med
