@@ -40,12 +40,15 @@ class CpuFsdpTrainer(TrainstoreTrainer):
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                                transformer_cls_names_to_wrap=["GPT2Block"],
-                                                reshard_after_forward=True, state_dict_type="SHARDED_STATE_DICT")
         self.accelerator.state.distributed_type = DistributedType.FSDP
-        self.accelerator.state.fsdp_plugin = plugin
+        self.accelerator.state.fsdp_plugin = fsdp2_plugin()
         self.is_fsdp_enabled = True
+
+
+def fsdp2_plugin() -> FullyShardedDataParallelPlugin:
+    return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                          transformer_cls_names_to_wrap=["GPT2Block"], reshard_after_forward=True,
+                                          state_dict_type="SHARDED_STATE_DICT")
 
 
 class Stop(TrainerCallback):
@@ -158,6 +161,9 @@ def accel(rank: int, world: int, args: dict) -> dict:
     torch.use_deterministic_algorithms(True)
     mgr = CheckpointManager(args["store"], args["job"], CheckpointPolicy(full_every=8, incremental_every=1))
     acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    if args.get("mode") == "fsdp":  # as CpuFsdpTrainer: the FSDP type and an FSDP2 plugin, as on a GPU
+        acc.state.fsdp_plugin = fsdp2_plugin()
+        acc.state.distributed_type = DistributedType.FSDP
     set_seed(0)
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -186,12 +192,14 @@ def accel(rank: int, world: int, args: dict) -> dict:
         if stop_at is not None and step >= stop_at:
             break
     mgr.wait()
-    params = {k: v.detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
-    optim = {f"{i}/{k}": v.detach().clone() for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    params = {k: _local(v).detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
+    optim = {f"{i}/{k}": _local(v).detach().clone() for i, s in opt.state_dict()["state"].items()
+             for k, v in s.items()}
     out = {"params": {k: _digest(v) for k, v in params.items()}, "optim": {k: _digest(v) for k, v in optim.items()},
            "step": step, "restored": resumed.step if resumed else -1,
            "position": resumed.position if resumed else None,
-           "last_restore": str(resumed.result) if resumed and resumed.result else None, "sharded": False,
+           "last_restore": str(resumed.result) if resumed and resumed.result else None,
+           "sharded": type(next(model.parameters())).__name__ == "DTensor",
            "sched": sched.state_dict()["last_epoch"]}
     mgr.close()
     return out
