@@ -1,6 +1,7 @@
 """Names of this package, imported lazily at run time (lazy_loader reads this stub);
 type checkers read it as the package's interface."""
 
+from .backlog import BacklogStatus as BacklogStatus, DurabilityLimitError as DurabilityLimitError
 from .export import export_safetensors as export_safetensors
 from .gc import GcOptions as GcOptions, GcReport as GcReport, collect_garbage as collect_garbage
 from .metrics import CheckpointMetrics as CheckpointMetrics
