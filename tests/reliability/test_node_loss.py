@@ -80,8 +80,9 @@ def test_lose_two_of_six_with_parity(tmp_path):
     saved = _save(tmp_path, 6, {"data": 4, "parity": 2})
     for v in saved:
         assert v["protected"] == [10, 20] and v["failures"] == 0
-        (_, _, own10, _, _, stored10) = v["stats"][0]
+        (_, _, own10, _, sent10, stored10) = v["stats"][0]
         assert stored10 < own10  # m/k = 0.5 of a node's bytes (plus padding), not a whole copy
+        assert sent10 < 1.4 * own10  # each slice sent once, 1 + (m-1)/k = 1.25x (plus frame headers)
     _lose(tmp_path, 1, 4)
     out = _ok(_run("restore", 6, {"root": str(tmp_path), "policy": {"data": 4, "parity": 2}}))
     for v in out:

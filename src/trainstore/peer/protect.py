@@ -3,8 +3,9 @@
 Every node: finds the chunks of the step it holds in its hot tier (its *own* chunks), the new
 ones since its last protected step (an incremental save sends only those), and sends them -
 whole to ``replicas`` next nodes, or as slices to the parity holders of its group's stripes
-(``erasure``), who encode their parity blocks. Every received piece is checked (a replica by
-its chunk hash against the manifest, a slice by the length its owner's record names, a stored
+(``erasure``): each stripe's first parity holder encodes all its parity blocks and
+forwards the others (each slice is sent once: 1 + (m-1)/k of the new bytes). Every received
+piece is checked (a replica by its chunk hash against the manifest, a slice by the length its owner's record names, a stored
 parity block read back against its hash); then all nodes agree (``all_reduce(MIN)``), and
 only if every piece landed and verified on every node does each node write ``protected/<step>``.
 A node lost mid-way fails the collective: no node marks the step, the previous protected step
@@ -83,14 +84,15 @@ def _outgoing(ctx: PeerContext, rec: Record) -> dict[int, list[Piece]]:
     for t in range(k):
         s = stripe_of(pos, t, g)
         start, length = slice_span(rec.bundle_len, k, t)
-        for j in range(k, g):
-            out[base + stripe_node(s, j, g)].append(
-                Piece(f"s:{s}:{t}", length, lambda a=start, n=length: read(a, n)))
+        # to the stripe's encoder (its first parity position), which forwards the other blocks
+        out[base + stripe_node(s, k, g)].append(Piece(f"s:{s}:{t}", length, lambda a=start, n=length: read(a, n)))
     return out
 
 
-def _receive(ctx: PeerContext, m: mf.Manifest, step: int, got: dict[int, list[tuple[str, bytes]]]) -> int:
-    """Check and store what peers sent; returns the bytes stored. ``IntegrityError`` on a bad piece."""
+def _receive(ctx: PeerContext, m: mf.Manifest, step: int,
+             got: dict[int, list[tuple[str, bytes]]]) -> tuple[int, dict[int, list[Piece]]]:
+    """Check and store what peers sent; returns the bytes stored and, for parity, the blocks
+    this node encoded for the other parity holders of its stripe. ``IntegrityError`` on a bad piece."""
     refs, stored = ctx.refs(m), 0
     records: dict[int, Record] = {}
     slices: dict[tuple[int, int], bytes] = {}
@@ -114,32 +116,58 @@ def _receive(ctx: PeerContext, m: mf.Manifest, step: int, got: dict[int, list[tu
                 slices[(int(s), int(t))] = data
     for rec in records.values():
         ctx.pieces.put_record(rec)
-    if ctx.policy.parity:
-        stored += _encode(ctx, step, records, slices)
-    return stored
+    if not ctx.policy.parity:
+        return stored, {}
+    return _encode(ctx, step, records, slices)
 
 
 def _encode(ctx: PeerContext, step: int, records: dict[int, Record],
-            slices: dict[tuple[int, int], bytes]) -> int:
+            slices: dict[tuple[int, int], bytes]) -> tuple[int, dict[int, list[Piece]]]:
+    """Encode the stripe this node is the first parity position of; keep block k, return the
+    blocks k+1.. for their holders."""
     k, g = ctx.policy.data, ctx.policy.group
     base, pos = ctx.group_of(ctx.me)
+    s = (pos - k) % g
+    parts = []
+    for t in range(k):
+        owner = base + stripe_node(s, t, g)
+        rec = records.get(owner) if owner != ctx.me else ctx.pieces.record(ctx.me, step)
+        data = slices.get((s, t), b"")
+        if rec is None or len(data) != slice_span(rec.bundle_len, k, t)[1]:
+            raise IntegrityError(f"stripe {s} of step {step}: slice {t} from node {owner} is missing or has "
+                                 f"{len(data)} bytes, not what its record names")
+        parts.append(data)
+    blocks = encode_parity(parts, k, g, list(range(k, g)))
+    stored = _keep_block(ctx, step, s, k, blocks[0])
+    forward = {base + stripe_node(s, j, g): [Piece(f"p:{s}:{j}", len(b), lambda b=b: b)]
+               for j, b in zip(range(k + 1, g), blocks[1:], strict=True)}
+    return stored, forward
+
+
+def _keep_block(ctx: PeerContext, step: int, s: int, j: int, block: bytes) -> int:
+    ctx.pieces.put_parity(step, s, j, block)
+    if ctx.pieces.parity(step, s, j) != block:  # read back against its hash
+        raise IntegrityError(f"parity block {s}.{j} of step {step} did not read back as written")
+    return len(block)
+
+
+def _receive_blocks(ctx: PeerContext, step: int, got: dict[int, list[tuple[str, bytes]]]) -> int:
+    """Keep the parity blocks the stripes' encoders forwarded (one per stripe this node holds
+    a later parity position of)."""
+    k, g = ctx.policy.data, ctx.policy.group
+    base, pos = ctx.group_of(ctx.me)
+    want = {((pos - j) % g, j) for j in range(k + 1, g)}
     stored = 0
-    for j in range(k, g):
-        s = (pos - j) % g  # the stripe whose block j this node holds
-        parts = []
-        for t in range(k):
-            owner = base + stripe_node(s, t, g)
-            rec = records.get(owner)
-            data = slices.get((s, t), b"")
-            if rec is None or len(data) != slice_span(rec.bundle_len, k, t)[1]:
-                raise IntegrityError(f"stripe {s} of step {step}: slice {t} from node {owner} is missing or has "
-                                     f"{len(data)} bytes, not what its record names")
-            parts.append(data)
-        block = encode_parity(parts, k, g, [j])[0]
-        ctx.pieces.put_parity(step, s, j, block)
-        if ctx.pieces.parity(step, s, j) != block:  # read back against its hash
-            raise IntegrityError(f"parity block {s}.{j} of step {step} did not read back as written")
-        stored += len(block)
+    for src, items in got.items():
+        for name, data in items:
+            parts = name.split(":")
+            key = (int(parts[1]), int(parts[2])) if len(parts) == 3 and parts[0] == "p" else (-1, -1)
+            if key not in want or src != base + stripe_node(key[0], k, g):
+                raise IntegrityError(f"node {src} sent {name!r} while protecting step {step}")
+            stored += _keep_block(ctx, step, key[0], key[1], data)
+            want.discard(key)
+    if want:
+        raise IntegrityError(f"parity blocks {sorted(want)} of step {step} never arrived")
     return stored
 
 
@@ -150,12 +178,19 @@ def protect(ctx: PeerContext, step: int, previous: Record | None) -> ProtectStat
     _cache_manifest(ctx, step)
     ctx.pieces.put_record(rec)
     got = ctx.transport.exchange(_outgoing(ctx, rec))
-    ok, stored = 1, 0
+    ok, stored, forward = 1, 0, {}
     try:
-        stored = _receive(ctx, m, step, got)
+        stored, forward = _receive(ctx, m, step, got)
     except (TrainstoreError, OSError) as exc:
         log.error("peer tier: node %d could not keep its peers' pieces of step %d: %s", ctx.me, step, exc)
         ok = 0
+    if ctx.policy.parity:  # every node takes part in the second round, also after a failure
+        got = ctx.transport.exchange(forward)
+        try:
+            stored += _receive_blocks(ctx, step, got) if ok else 0
+        except (TrainstoreError, OSError) as exc:
+            log.error("peer tier: node %d could not keep the parity of step %d: %s", ctx.me, step, exc)
+            ok = 0
     flag = torch.tensor([ok], dtype=torch.int64)
     ctx.transport.all_reduce(flag, dist.ReduceOp.MIN)
     protected = bool(flag.item())
