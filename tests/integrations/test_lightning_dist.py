@@ -176,3 +176,18 @@ def test_unsupported_strategies_are_refused_by_name(tmp_path):
     for name in ("deepspeed", "fsdp", "xla"):
         with pytest.raises(ConfigError, match=rf"strategy '{name}'.*ModelParallelStrategy"):
             trainstore_strategy(name, io)
+
+
+def test_fsdp2_checkpoint_of_2_ranks_resumes_on_1_and_3(tmp_path):
+    """The sharded checkpoint is resharded by DCP: the restored parameters are the saved ones."""
+    finish(launch(tmp_path, "part.pt", "fsdp", steps=6), "6 steps on 2 ranks")
+    with CheckpointManager(str(tmp_path / "store"), "job") as mgr:
+        saved = mgr.restore(6)["state_dict"]  # whole tensors, read in one process
+    for devices in (1, 3):
+        d = tmp_path / f"on{devices}"
+        shutil.copytree(tmp_path / "store", d / "store")
+        shutil.copytree(tmp_path / "run", d / "run")
+        finish(launch(d, "out.pt", "fsdp", devices=devices, steps=8, resume=True), f"resume on {devices} rank(s)")
+        got = torch.load(d / "out.pt", weights_only=True)
+        assert got["restored"] == 6 and got["global_step"] == 8 and got["world"] == devices
+        assert_bit_identical(dict(saved), got["after_restore"], f"restored on {devices}")
