@@ -19,7 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from trainstore import open_store
 from trainstore.data import Dataset, Loader
+from trainstore.data.ingest import IngestConfig, Ingestor
 from trainstore.errors import TrainstoreError
 
 pytestmark = pytest.mark.timeout(600)
@@ -323,3 +325,41 @@ def test_parquet_strings_that_are_not_utf8_are_refused():
             ds = Dataset.open(tmp, cache_dir=os.path.join(tmp, "hot"))
             with pytest.raises(TrainstoreError, match=r"b\.parquet.*column 's'"):
                 ds[17] if read == "ranges" else ds.take([17])
+
+
+# -- input files of ingestion (users' JSONL and Parquet) ----------------------------------------
+def _ingested(name: str, data: bytes) -> None:
+    """Ingest one file: it is ingested or refused with a ``TrainstoreError`` naming it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            with Ingestor(open_store(os.path.join(tmp, "s")), "x",
+                          config=IngestConfig(wal_dir=os.path.join(tmp, "w"))) as ing:
+                ing.ingest_files(path)
+                ing.commit()
+        except TrainstoreError as exc:
+            assert name in str(exc), f"{type(exc).__name__} does not name the file: {exc}"
+
+
+@FAST
+@given(_PARQUET_ANYWHERE)
+def test_ingested_parquet_fuzzed(data):
+    _ingested("in.parquet", data)
+
+
+@pytest.mark.stress
+@LONG
+@given(_PARQUET_ANYWHERE)
+def test_ingested_parquet_fuzzed_long(data):
+    _ingested("in.parquet", data)
+
+
+def test_ingest_input_cases_that_escaped():
+    """The fuzzer's finds: a Parquet column name that is not UTF-8 (``UnicodeDecodeError``),
+    a JSONL line nested past the parser (``RecursionError``)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"zz_name": [1, 2, 3]}), sink)
+    _ingested("in.parquet", sink.getvalue().to_pybytes().replace(b"zz_name", b"\xd3z_name"))
+    _ingested("in.jsonl", b'{"a": 1}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n")

@@ -110,7 +110,7 @@ def _parquet(path: str, batch_bytes: int) -> Iterator[pa.Table]:
         ) // max(1, meta.num_rows))
         for batch in pf.iter_batches(batch_size=max(1, batch_bytes // row_bytes)):
             yield pa.Table.from_batches([batch])
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: a name that is not UTF-8
         raise SchemaError(f"{path}: not a readable Parquet file: {exc}") from None
 
 
@@ -176,8 +176,8 @@ def _locate_jsonl_error(path: str, schema: pa.Schema | None, exc: BaseException)
                 continue
             try:
                 rec = json.loads(raw)
-            except ValueError as bad:
-                raise SchemaError(f"{path}:{lineno}: not valid JSON: {bad}") from None
+            except (ValueError, RecursionError) as bad:  # RecursionError: nested past the parser
+                raise SchemaError(f"{path}:{lineno}: not valid JSON: {type(bad).__name__}: {str(bad)[:200]}") from None
             try:
                 table = to_table([rec], first_schema)
             except SchemaError as bad:
