@@ -8,6 +8,7 @@ SIGKILL in the middle of a transfer."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -16,8 +17,18 @@ import shutil
 import pytest
 from harness.dist import run_ranks
 
-from trainstore.errors import ConfigError
+from trainstore.errors import ConfigError, DistributedError, IntegrityError
 from trainstore.peer import PeerPolicy
+from trainstore.peer.erasure import (
+    block_len,
+    decode_stripe,
+    encode_parity,
+    slice_span,
+    stripe_node,
+    stripe_of,
+)
+from trainstore.peer.pieces import Record
+from trainstore.peer.transport import frame, unframe
 
 HERE = os.path.dirname(__file__)
 ENV = {"TRAINSTORE_CKPT_TIMEOUT_S": "8"}
@@ -56,6 +67,49 @@ def test_bad_settings_name_the_numbers():
     with pytest.raises(ConfigError, match="data >= 1 and parity >= 1"):
         PeerPolicy(data=4)
     PeerPolicy(data=4, parity=2).check_nodes(12)  # two groups
+
+
+@pytest.mark.parametrize("k,m", [(4, 2), (2, 1), (3, 3)])
+def test_stripes_rebuild_any_m_lost_nodes(k, m):
+    """The stripe layout (no processes): every node's bundle comes back from any k blocks of
+    each of its stripes, for every choice of m lost positions."""
+    g, rng = k + m, random.Random(k * 10 + m)
+    bundles = [rng.randbytes(rng.randint(0, 300)) for _ in range(g)]
+
+    def data_slice(pos: int, t: int) -> bytes:
+        a, n = slice_span(len(bundles[pos]), k, t)
+        return bundles[pos][a:a + n]
+
+    parity = {}
+    for s in range(g):
+        parts = [data_slice(stripe_node(s, t, g), t) for t in range(k)]
+        for j, b in zip(range(k, g), encode_parity(parts, k, g, list(range(k, g))), strict=True):
+            parity[(s, j)] = b
+    for lost in itertools.combinations(range(g), m):
+        for L in lost:
+            got = b""
+            for t in range(k):
+                s = stripe_of(L, t, g)
+                lens = [len(data_slice(stripe_node(s, j, g), j)) for j in range(k)]
+                n = block_len(lens)
+                blocks = {j: (data_slice(stripe_node(s, j, g), j).ljust(n, b"\0") if j < k else parity[(s, j)])
+                          for j in range(g) if stripe_node(s, j, g) not in lost}
+                got += decode_stripe(blocks, k, g, lens)[t]
+            assert got == bundles[L], (lost, L)
+    with pytest.raises(IntegrityError, match=f"needs {k} of its {g} blocks"):
+        decode_stripe({0: b"x"}, k, g, [1] * k)
+
+
+def test_malformed_peer_input_is_refused():
+    assert unframe(memoryview(frame([("a", b"12"), ("b", b"")]))) == [("a", b"12"), ("b", b"")]
+    with pytest.raises(DistributedError, match="malformed frame"):
+        unframe(memoryview(b"\xff" * 12))
+    with pytest.raises(DistributedError, match="names"):
+        unframe(memoryview(frame([("a", b"12")]) + b"extra"))
+    with pytest.raises(IntegrityError, match="peer record x is malformed"):
+        Record.from_bytes(b'{"owner": 1}', "x")
+    with pytest.raises(IntegrityError, match="negative size"):
+        Record.from_bytes(b'{"owner": 1, "step": 2, "keys": {"k": -1}, "bundle": []}', "x")
 
 
 def test_lose_one_node_replicas(tmp_path):
