@@ -502,6 +502,7 @@ class _EpochRun:
         for decoder in self.decoders:
             decoder.close()
         self.filler.close()
+        self.gathered_all.set()  # fetches nothing more: a run ahead waiting on it may start
         if self._unwant is not None:
             with self._left_mu:
                 left = [s for s, users in self._left.items() if users]
