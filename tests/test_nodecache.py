@@ -214,3 +214,39 @@ def test_s3_durable_store(s3_url, tmp_path):
         assert bytes(h.mmap()) == data
     assert cache.get("shards/a.bin") == data
     assert cache.stats.misses == 1 and cache.stats.hits == 1
+
+
+def test_wanted_files_are_evicted_last_and_never_for_a_fill_ahead(store, tmp_path):
+    """``want``: eviction takes files nobody wants first, then the wanted one needed last; a
+    fill ahead of use never evicts a wanted file, a fill on demand does after ``want_grace_s``."""
+    _fill_store(store, 6, 1000)
+    cache = NodeCache(store, tmp_path / "hot", config=CacheConfig(3000, capacity_wait_s=0.5, want_grace_s=0.1))
+    for i in range(3):
+        cache.prefetch(f"obj/{i:03d}")
+        time.sleep(0.01)  # distinct LRU times: obj/000 is the oldest
+    cache.want("obj/000", 1.0, owner=1)
+    cache.want("obj/001", 5.0, owner=1)
+    cache.prefetch("obj/003")  # evicts the idle obj/002, not the older but wanted obj/000
+    assert [cache.contains(f"obj/{i:03d}") for i in range(4)] == [True, True, False, True]
+    cache.pin("obj/004", ahead=True).close()  # the idle obj/003 goes
+    assert not cache.contains("obj/003")
+    cache.want("obj/004", 3.0, owner=2)
+    with pytest.raises(CapacityError):
+        cache.pin("obj/005", ahead=True)  # every file is wanted: a fill ahead waits instead
+    cache.pin("obj/005", ahead=True, rank=4.0).close()  # needed before obj/001 (rank 5): takes it
+    assert not cache.contains("obj/001") and cache.contains("obj/000") and cache.contains("obj/004")
+    cache.unwant("obj/004", owner=2)
+    cache.want("obj/005", 2.0, owner=1)
+    cache.prefetch("obj/001")  # on demand: the unwanted obj/004 first
+    assert not cache.contains("obj/004") and cache.contains("obj/000") and cache.contains("obj/005")
+    cache.want("obj/001", 9.0, owner=1)
+    cache.prefetch("obj/002")  # all wanted: after the grace, the one needed last (obj/001, rank 9)
+    assert not cache.contains("obj/001") and cache.contains("obj/000") and cache.contains("obj/005")
+
+
+def test_a_fill_ahead_that_is_no_longer_needed_downloads_nothing(store, tmp_path):
+    _fill_store(store, 1, 1000)
+    cache = NodeCache(store, tmp_path / "hot", 10_000)
+    with pytest.raises(nodecache_module.NotNeeded):
+        cache.pin("obj/000", ahead=True, needed=lambda: False)
+    assert cache.stats.bytes_fetched == 0 and not cache.contains("obj/000")

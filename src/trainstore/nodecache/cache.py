@@ -419,7 +419,11 @@ class NodeCache:
 
     def _make_room(self, incoming: int, key: str, ahead: bool = False, rank: float | None = None) -> None:
         """Evict unpinned files (``_victims`` order) until ``incoming`` more bytes fit the limit."""
-        deadline = time.monotonic() + (0.0 if ahead else self.config.capacity_wait_s)
+        now = time.monotonic()
+        deadline = now + (0.0 if ahead else self.config.capacity_wait_s)
+        # until then, evict only files nobody wants (within the wait for space; a fill never
+        # gives up before a pass that may evict wanted files too)
+        spare_wanted = now + min(self.config.want_grace_s, self.config.capacity_wait_s)
         limit = self.config.limit_bytes
         relieved = False
         while True:
@@ -428,7 +432,8 @@ class NodeCache:
                 used = sum(s for _p, s, _a in files)
                 if used + incoming <= limit:
                     return
-                for path, _sz, _atime in self._victims(files, ahead, rank):
+                grace = not ahead and time.monotonic() < spare_wanted
+                for path, _sz, _atime in self._victims(files, ahead or grace, None if grace else rank):
                     if os.path.basename(path).startswith(TMP_PREFIX):
                         continue
                     freed = self._evict_file(path)
@@ -441,7 +446,7 @@ class NodeCache:
                 self.on_pressure()
                 continue
             relieved = False
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline and not grace:
                 raise CapacityError(
                     f"node cache {self.root} is full: {used} of {limit} bytes are in use, and "
                     f"{key!r} needs {incoming} more; release pinned files or raise the limit"

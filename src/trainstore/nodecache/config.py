@@ -21,12 +21,15 @@ class CacheConfig:
     from a remote store as concurrent range requests of that size, at most
     ``fetch_concurrency`` in flight per cache; the fetched parts of all its fills share one
     byte budget of their product (``nodecache.fetch.RangedDownloads``).
+    ``want_grace_s``: how long a fill on demand waits for files nobody wants (``NodeCache.want``)
+    to be freed before it evicts one a reader still needs (which would be fetched again).
     """
 
     limit_bytes: int
     verify_hits: str = "once"
     capacity_wait_s: float = 30.0
     lock_timeout_s: float = 600.0
+    want_grace_s: float = 0.25
     fsync: bool = False
     stale_temp_s: float = 3600.0
     part_bytes: int = 8 << 20
