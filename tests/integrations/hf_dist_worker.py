@@ -90,11 +90,12 @@ class KillStore(LocalStore):
 
 
 class Kill(TrainerCallback):
-    def __init__(self, store: KillStore, at: int) -> None:
-        self.store, self.at = store, at
+    def __init__(self, store: KillStore, at: int, mgr: CheckpointManager) -> None:
+        self.store, self.at, self.mgr = store, at, mgr
 
     def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN201
         if state.global_step == self.at:
+            self.mgr.wait()  # the earlier saves committed (on a loaded machine one may still be writing)
             self.store.armed = True  # the save of this step writes its chunks in the background
 
 
@@ -115,12 +116,10 @@ def trainer(rank: int, world: int, args: dict) -> dict:
     torch.use_deterministic_algorithms(True)
     fsdp = args.get("mode") == "fsdp"
     store = args["store"]
-    callbacks: list = []
     if args.get("kill_rank") is not None:
         store = KillStore(store.removeprefix("file://"), args.get("kill_after", 0))
-        if rank == args["kill_rank"]:
-            callbacks.append(Kill(store, args["kill_step"]))
     mgr = CheckpointManager(store, args["job"], CheckpointPolicy(full_every=8, incremental_every=1))
+    callbacks = [Kill(store, args["kill_step"], mgr)] if args.get("kill_rank") == rank else []
     targs = TrainingArguments(output_dir=args["root"], num_train_epochs=EPOCHS, per_device_train_batch_size=BATCH,
                               learning_rate=1e-3, warmup_steps=2, save_strategy="steps", save_steps=SAVE_EVERY,
                               logging_steps=1, report_to=[], use_cpu=True, seed=0, disable_tqdm=True,

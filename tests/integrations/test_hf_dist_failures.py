@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,10 +55,10 @@ def torchrun(tmp: Path, name: str, **args) -> tuple[int, str, list[dict | None]]
 def kill_and_restart(tmp: Path, kill_rank: int, kill_step: int, kill_after: int) -> None:
     rc, out, ranks = torchrun(tmp, "killed", kill_rank=kill_rank, kill_step=kill_step, kill_after=kill_after)
     assert rc != 0 and ranks == [None, None], out[-3000:]  # the whole job ended, no rank finished
-    assert "Signal 9 (SIGKILL)" in out or "exitcode  : -9" in out, out[-3000:]
+    assert re.search(r"exitcode\s*:\s*-9|Signal 9 \(SIGKILL\)", out), out[-3000:]  # torchrun saw the kill
     committed = [s for s in range(4, 13, 4) if s < kill_step]
     with CheckpointManager(f"file://{tmp / 'store'}", "run") as mgr:
-        assert mgr.steps() == committed  # the half-written step is not a checkpoint
+        assert mgr.steps() == committed, out[-4000:]  # the half-written step is not a checkpoint
     rc, out, ranks = torchrun(tmp, "restarted", resume=True)
     assert rc == 0, out[-3000:]
     assert [v["restored"] for v in ranks] == [committed[-1]] * 2
