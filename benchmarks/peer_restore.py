@@ -43,29 +43,47 @@ def _stores(args: dict, rank: int) -> TieredStore:
     return TieredStore(LocalStore(os.path.join(args["root"], f"hot{rank}")), durable)
 
 
-def _state(rank: int, mb: float) -> dict:
+def _state(rank: int, mb: float, step: int = 10) -> dict:
+    """The node's state at ``step``: step 20 changed the first tenth of it (an incremental)."""
     g = torch.Generator().manual_seed(rank + 1)
     n = int(mb * (1 << 20)) // 4
-    return {"model": {f"w{rank}": torch.randn(n, generator=g)}}
+    w = torch.randn(n, generator=g)
+    if step >= 20:
+        w[: n // 10] += 1.0
+    return {"model": {f"w{rank}": w}}
 
 
 def bench_save(rank: int, world: int, args: dict) -> dict:
+    """Step 10 (full), then at once step 20 (incremental, a tenth of the state changed) while
+    step 10's protection runs: step 20's ``blocked_s`` is the training stall protection adds
+    (compared with the same two saves without a peer tier: ``policy`` None)."""
     store = _stores(args, rank)
-    peer = PeerTier(store, "b", PeerPolicy(**args["policy"]), os.path.join(args["root"], f"peer{rank}"), node=rank)
+    peer = None
+    if args["policy"] is not None:
+        peer = PeerTier(store, "b", PeerPolicy(**args["policy"]), os.path.join(args["root"], f"peer{rank}"),
+                        node=rank)
     mgr = CheckpointManager(store, "b", CheckpointPolicy(), options=OPTIONS)
-    peer.attach(mgr)
+    if peer is not None:
+        peer.attach(mgr)
+    state = _state(rank, args["mb"])
     t0 = time.perf_counter()
-    h = mgr.save(10, _state(rank, args["mb"]), kind="full")
+    h = mgr.save(10, state, kind="full")
     h.wait()
     committed = time.perf_counter() - t0
-    peer.wait()
+    h2 = mgr.save(20, _state(rank, args["mb"], 20), kind="incremental")  # while step 10 is being protected
+    h2.wait()
+    if peer is not None:
+        peer.wait()
     protected = time.perf_counter() - t0
     mgr.close()
+    if peer is None:
+        return {"blocked_s": h.blocked_s, "blocked2_s": h2.blocked_s, "committed_s": committed}
     peer.close()
-    st = peer.stats[-1]
-    return {"blocked_s": h.blocked_s, "committed_s": committed, "protected_s": protected,
-            "own_bytes": st.own_bytes, "sent_bytes": st.sent_bytes, "stored_bytes": st.stored_bytes,
-            "protected": st.protected}
+    st = peer.stats[0]
+    return {"blocked_s": h.blocked_s, "blocked2_s": h2.blocked_s, "committed_s": committed,
+            "protected_s": protected, "own_bytes": st.own_bytes, "sent_bytes": st.sent_bytes,
+            "stored_bytes": st.stored_bytes, "protected": st.protected,
+            "sent2_bytes": peer.stats[1].sent_bytes, "new2_bytes": peer.stats[1].new_bytes}
 
 
 def bench_restore(rank: int, world: int, args: dict) -> dict:
@@ -83,7 +101,7 @@ def bench_restore(rank: int, world: int, args: dict) -> dict:
     else:
         res, sources = mgr.restore_into(target), {}
     seconds = time.perf_counter() - t0
-    same = torch.equal(target["model"][f"w{rank}"], _state(rank, args["mb"])["model"][f"w{rank}"])
+    same = torch.equal(target["model"][f"w{rank}"], _state(rank, args["mb"], res.step)["model"][f"w{rank}"])
     mgr.close()
     peer.close()
     return {"seconds": seconds, "step": res.step, "same": same, "sources": sources}
@@ -172,12 +190,23 @@ def main() -> None:
                         for d in (f"hot{1}", f"peer{1}"):  # the same starting point for the next mode
                             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
                             shutil.copytree(os.path.join(snapshot, d), os.path.join(root, d))
+            bucket = f"peer-bench-{world}-none"
+            server.create_bucket(bucket)
+            with tempfile.TemporaryDirectory() as root:  # the same saves without a peer tier
+                args = {"url": f"s3://{bucket}/ckpt", "options": server.options(), "root": root, "policy": None,
+                        "mb": a.mb}
+                res = run_ranks("peer_restore:bench_save", world, args, pythonpath=[HERE], timeout_s=900)
+                assert all(r.ok for r in res), [(r.rank, r.error) for r in res if not r.ok]
+                plain = [r.value for r in res]
             s0 = saves[-1]
             row = {"setting": name, "nodes": world,
                    "own_bytes_per_node": statistics.mean(v["own_bytes"] for v in s0),
                    "sent_bytes_per_node": statistics.mean(v["sent_bytes"] for v in s0),
                    "stored_bytes_per_node": statistics.mean(v["stored_bytes"] for v in s0),
                    "blocked_s": statistics.median(v["blocked_s"] for s in saves for v in s),
+                   "blocked_during_protection_s": statistics.median(v["blocked2_s"] for s in saves for v in s),
+                   "blocked_without_peer_s": statistics.median(v["blocked2_s"] for v in plain),
+                   "incremental_sent_vs_new": statistics.mean(v["sent2_bytes"] / max(v["new2_bytes"], 1) for v in s0),
                    "committed_s": statistics.median(max(v["committed_s"] for v in s) for s in saves),
                    "protected_s": statistics.median(max(v["protected_s"] for v in s) for s in saves),
                    "restore_peer_lost_s": statistics.median(r["lost"] for r in runs["peer"]),
@@ -189,7 +218,9 @@ def main() -> None:
             out["settings"].append(row)
             print(f"{name} ({world} nodes, {a.mb} MiB/node): stored {row['stored_bytes_per_node'] / row['own_bytes_per_node']:.2f}x, "
                   f"sent {row['sent_bytes_per_node'] / row['own_bytes_per_node']:.2f}x of a node's bytes; "
-                  f"save blocked {row['blocked_s'] * 1e3:.0f} ms, committed {row['committed_s']:.2f} s, "
+                  f"save blocked {row['blocked_s'] * 1e3:.0f} ms; next save blocked {row['blocked_during_protection_s'] * 1e3:.0f} ms "
+                  f"during protection vs {row['blocked_without_peer_s'] * 1e3:.0f} ms without a peer tier; incremental sent "
+                  f"{row['incremental_sent_vs_new']:.2f}x its new bytes; committed {row['committed_s']:.2f} s, "
                   f"protected {row['protected_s']:.2f} s; restore of the lost node: peers {row['restore_peer_lost_s']:.2f} s "
                   f"vs durable {row['restore_durable_lost_s']:.2f} s ({row['peer_vs_durable']:.2f}x); "
                   f"sources {row['peer_sources_lost_node']}")
