@@ -391,9 +391,11 @@ class _EpochRun:
                 self._left.setdefault(s, set()).add(b)
         self._left_mu = threading.Lock()
         self._shards_left = len(self._left)
-        # the node cache evicts the shards this run reads next last (a Mixture has no such hint)
-        self._want = getattr(self.ds, "want_shard", None)
-        self._unwant = getattr(self.ds, "unwant_shard", None)
+        # block mode: the node cache evicts the shards this run reads next last (a full shuffle
+        # reads nearly every shard until the epoch's end: there LRU decides; a Mixture has no hint)
+        block = loader.config.shuffle_mode == "block"
+        self._want = getattr(self.ds, "want_shard", None) if block else None
+        self._unwant = getattr(self.ds, "unwant_shard", None) if block else None
         self._seq = next(_RUN_SEQ) * float(1 << 32)  # a run ahead's uses come after this one's
         if self._want is not None:
             for s, users in self._left.items():
