@@ -14,6 +14,11 @@ of one node may share one cache directory; coordination uses only the file syste
   still names the inode it locked, so it never pins an evicted file.)
 * **LRU**: each access stamps the file's atime explicitly (``os.utime``); eviction scans the
   directory under a global eviction lock and removes the least recently used unpinned files.
+* **wanted**: a reader of this process may mark files it reads again with the rank of their
+  next use (``want``; the loader does in block mode). Those go after every other file, the one
+  needed last first; a fill ahead of use never evicts one needed sooner than itself, and a fill
+  on demand first waits ``want_grace_s`` for other files to be freed (prefetch must not evict
+  what the current batches still need).
 
 Entries are namespaced by a hash of the durable store's URL, so jobs on different stores
 sharing one directory never collide; nothing uses named shared memory. Keys are immutable in
