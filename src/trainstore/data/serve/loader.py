@@ -448,9 +448,10 @@ class _EpochRun:
 
     def _gathered(self, s: int, b: int) -> None:
         """A batch copied out its rows of shard ``s``: once no batch still to assemble reads it,
-        it is done with (unpinned, and dropped from the node cache when the dataset does not fit
-        it), so fill-ahead gets the room now, not when that batch is consumed (up to prefetch + 1
-        batches later, by when the next batches have fetched other shards in its place)."""
+        it is done with. When the node cache cannot hold the dataset it is unpinned and dropped
+        now, so fill-ahead gets the room at once, not when that batch is consumed (up to
+        prefetch + 1 batches later, by when the next batches have fetched other shards in its
+        place); when it can, the pin stays until then as before (the copy serves the next epoch)."""
         with self._left_mu:
             users = self._left[s]
             users.discard(b)
@@ -463,8 +464,9 @@ class _EpochRun:
                 self.gathered_all.set()
         if self._unwant is not None:
             self._unwant(s, id(self))
-        self.filler.shard_done(s)
-        self.ds.close_shard(s, evict=self.loader._evict_done)
+        if self.loader._evict_done:  # the cache cannot hold the dataset: make room now
+            self.filler.shard_done(s)
+            self.ds.close_shard(s, evict=True)
 
     def next(self) -> tuple[Any, int, CopyFence | None] | None:
         if self.filler.error is not None:  # the shard thread stopped: say so now, not silently
