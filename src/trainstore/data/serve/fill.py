@@ -22,9 +22,10 @@ that memory.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ...bytebudget import ByteBudget
@@ -67,7 +68,7 @@ class ShardFiller:
             self._by_batch.setdefault(b, []).append(s)
         self._progress = threading.Condition(self._mu)  # notified when a batch is consumed
         ds.add_pressure_hook(self.release_pins)
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="trainstore-shard-fill")
+        self._pool = DaemonPool(concurrency, "trainstore-shard-fill")
         self._thread = threading.Thread(target=self._run, daemon=True, name="trainstore-shard-prefetch")
         self._thread.start()
 
@@ -186,7 +187,7 @@ class ShardFiller:
         self.ds.remove_pressure_hook(self.release_pins)
         self._closed.set()
         self._thread.join(timeout=30)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown()
         with self._mu:
             pins, self._pins = self._pins, {}
         for s, handle in pins.items():
@@ -195,3 +196,53 @@ class ShardFiller:
 
 
 __all__ = ["FillPlan", "ShardFiller"]
+
+
+class DaemonPool:
+    """A fixed set of daemon worker threads running submitted calls, each with a ``Future``.
+
+    Fill-ahead workers wait for room in the node cache "for as long as it takes"; with
+    ``ThreadPoolExecutor`` (non-daemon workers, joined at interpreter exit) a loader left
+    unclosed mid-epoch kept the process from exiting. A fill interrupted by exit leaves only a
+    temp file (the node cache publishes a file by rename), so daemon workers are safe here.
+    ``shutdown`` cancels what has not started and waits for what has."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"{name}_{i}")
+                         for i in range(max(1, workers))]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., object], *args: object) -> Future:
+        fut: Future = Future()
+        self._q.put((fut, fn, args))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                fut.set_exception(exc)
+
+    def shutdown(self) -> None:
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._q.put(None)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+
