@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pagecache import evict, files_under  # benchmarks/ (this script's folder)
 
 from trainstore import open_store
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
@@ -92,25 +93,11 @@ def stream_free(t0: float) -> float:
     return time.perf_counter() - t0
 
 
-def files(path: str) -> list[str]:
-    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
-
-
 def fsync_tree(path: str) -> None:
-    for p in files(path) if os.path.isdir(path) else [path]:
+    for p in files_under(path):
         fd = os.open(p, os.O_RDONLY)
         try:
             os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def evict(path: str) -> None:
-    """Drop the files' pages from the page cache (they are fsynced: DONTNEED drops them)."""
-    for p in files(path) if os.path.isdir(path) else [path]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
 
@@ -356,7 +343,7 @@ def bench_restores(state: Any, savers: list[Any], deadline: float) -> dict:
                 out["cut_short"] = "budget"
                 return out
             if cache == "evicted":
-                evict(s.root)
+                evict(files_under(s.root))
             sync()
             t = time.perf_counter()
             got = s.restore(into)
