@@ -186,7 +186,7 @@ class RunLineage:
                on_abandon: Callable[[int, int | None, list[int]], None]) -> int | None:
         """Save thread, before the save of ``step`` (``ticket`` from ``saved``): if it exists
         and this run has not saved yet, abandon the steps the new lineage leaves behind and
-        start a new run (``on_abandon(step, parent, moved)``). Returns the parent step."""
+        start a new run (logged; then ``on_abandon(step, parent, moved)``). Returns the parent step."""
         check, position = ticket
         if not check:
             return position
@@ -198,8 +198,12 @@ class RunLineage:
         cut = step if parent is None else parent + 1
         if not self._given:
             self.run = new_run_id()
-        moved = abandon(self.store, self.job, [s for s in steps if s >= cut])
-        on_abandon(step, parent, sorted(s for s, _ in moved))
+        moved = sorted(s for s, _ in abandon(self.store, self.job, [s for s in steps if s >= cut]))
+        log.warning("checkpoint step %d of job %r exists from an earlier run: %s as run %r; steps %s kept under "
+                    "%s until retention removes them", step, self.job,
+                    "starting a fresh lineage" if parent is None else f"rolling back to step {parent}",
+                    self.run, moved, abandoned_prefix(self.job))
+        on_abandon(step, parent, moved)
         return parent
 
     def _steps(self) -> list[int]:

@@ -44,47 +44,27 @@ from ..codecs import CodecConfig
 from ..errors import (
     AlreadyExistsError,
     ConfigError,
-    IntegrityError,
-    NotFoundError,
     NoValidCheckpointError,
-    TrainstoreError,
 )
 from ..provenance import code_version, trainstore_version
 from ..store import open_store
 from ..store.base import Store
 from . import exit as exit_hooks, lineage, manifest as mf
-from .backend import SaveBackend, SaveContext, backend_class, backend_name, loader_name
+from .backend import SaveBackend, SaveContext, backend_class, backend_name
 from .failures import SaveErrorPolicy, SaveFailures
 from .inflight import InflightSaves
-from .layout import abandoned_prefix
 from .listing import checkpoint_infos
 from .lossy import LossyReport
 from .manifest import Manifest
 from .reader import SCRATCH_BYTES
-from .restore import restore_first
-from .select import Selection, prune
+from .restore import restore_selected, tier_of
+from .select import Selection
 from .state import jsonable
 from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle
-from .verify import record as record_verify, verify_manifest
+from .verify import verify_steps
 from .writer import WriteOptions, lower_thread_priority
 
 log = logging.getLogger("trainstore.checkpoint")
-
-
-def tier_of(store: Store, key: str) -> str:
-    """Which tier holds ``key`` (the first that does): ``"hot (URL)"``, ``"durable (URL)"``,
-    ``"archive (URL)"``; a store without tiers is named by its URL. For the resume log line."""
-    tiers = store.tiers()
-    if len(tiers) < 2:
-        return store.url
-    names = ("hot", "durable", "archive") if len(tiers) <= 3 else tuple(f"tier {i}" for i in range(len(tiers)))
-    for name, tier in zip(names, tiers):
-        try:
-            if tier.exists(key):
-                return f"{name} ({tier.url})"
-        except TrainstoreError:  # an unreachable tier did not serve it
-            continue
-    return store.url
 
 
 class CheckpointManager:
@@ -195,10 +175,6 @@ class CheckpointManager:
         (``lineage``); remote tiers are asked here, never on the caller's clock."""
         def abandoned(step: int, parent: int | None, moved: list[int]) -> None:
             backend.lineage_changed()
-            log.warning("checkpoint step %d of job %r exists from an earlier run: %s as run %r; steps %s kept under "
-                        "%s until retention removes them", step, self.job,
-                        "starting a fresh lineage" if parent is None else f"rolling back to step {parent}",
-                        self.run, moved, abandoned_prefix(self.job))
             self._notify("lineage", step=step, run=self.run, parent=parent, abandoned=moved)
 
         return self._lineage.follow(step, ticket, abandoned)
@@ -345,24 +321,9 @@ class CheckpointManager:
     def verify(self, step: int | None = None, deep: bool = True) -> list[mf.VerifyRecord]:
         """Verify one step (or all); records each outcome in the store; returns the records."""
         steps = [mf.check_step(step)] if step is not None else self.steps()
-        records = []
-        for s in steps:
-            try:
-                m = self.manifest(s)
-            except IntegrityError as exc:  # only integrity failures are recorded as bad
-                m, rec = None, mf.new_verify_record(s, deep, [f"manifest: {exc}"], 0)
-            except NotFoundError:
-                if step is not None or self.store.exists(mf.manifest_key(self.job, s)):
-                    raise NotFoundError(f"no checkpoint step {s} for job {self.job!r}") from None
-                continue  # deleted since it was listed
-            if m is not None:
-                rec = verify_manifest(self.chunks, m, deep=deep, workers=self.read_workers)
-            record_verify(self.chunks, self.job, rec)
-            self._notify("verify", step=s, ok=rec.ok, deep=deep, errors=len(rec.errors))
-            if not rec.ok:
-                log.warning("checkpoint step %d of job %r failed verification: %s", s, self.job, "; ".join(rec.errors[:3]))
-            records.append(rec)
-        return records
+        return verify_steps(self.chunks, self.job, steps, deep, self.read_workers, asked=step is not None,
+                            notify=lambda rec: self._notify("verify", step=rec.step, ok=rec.ok, deep=deep,
+                                                            errors=len(rec.errors)))
 
     # -- restoring -------------------------------------------------------------------------
     def restore(self, step: int | None = None, *, best: str | None = None, mode: str = "min",
@@ -406,29 +367,18 @@ class CheckpointManager:
         if self.backend.collective:  # every rank's in-flight save has committed before steps are listed
             self._saves.settle()
         skipped: list[tuple[int, str]] = []
-        selection = Selection.of(only, reset)
-        partial = []
-
-        def load(m: Manifest) -> Any:
-            if selection is not None:
-                if loader_name(m) != "single":
-                    raise ConfigError(f"partial restore (only=/reset=) of checkpoint step {m.step}: not supported "
-                                      f"for checkpoints written by the {loader_name(m)!r} backend")
-                m, report = prune(m, selection)
-                partial[:] = [report]
-            return self._backend(loader_name(m)).load(m, into, scratch_bytes)
-
-        found = restore_first(self.chunks, self.job, load, step, best, mode, retry_bad, skipped)
+        found = restore_selected(self.chunks, self.job, self._backend, Selection.of(only, reset), into,
+                                 scratch_bytes, step, best, mode, retry_bad, skipped)
         if found is None:
             self.last_restore = None
             self._notify("restore", ok=False, step=None, kind=None, seconds=time.perf_counter() - t0,
                          skipped=len(skipped), logical_bytes=0)
             raise NoValidCheckpointError(f"no checkpoint of job {self.job!r} could be restored; tried: "
                                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
-        m, why, state = found
+        m, why, state, partial = found
         self._lineage.restored(m)
         result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
-                               repairs=self.repairs[repairs_before:], partial=partial[0] if partial else None,
+                               repairs=self.repairs[repairs_before:], partial=partial,
                                lossy=LossyReport.of(m), tier=tier_of(self.store, mf.manifest_key(self.job, m.step)))
         if result.lossy is not None:
             log.warning("restore of step %d (job %r): %s: %s", m.step, self.job, result.lossy,

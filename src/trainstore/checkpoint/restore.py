@@ -6,7 +6,8 @@ newest first - and returns the first one that loads and verifies. Only an integr
 good copy of, a missing base) skips a candidate and records it as bad (bound to the
 manifest read); any other error (store unreachable, I/O error, out of memory, a target that
 does not match) is raised and leaves no record, so the checkpoint stays restorable.
-Loading itself is the save backend's (``backend``).
+Loading itself is the save backend's (``backend``): ``restore_selected`` has the backend
+that wrote each candidate load it, pruned to a partial restore's selection (``select``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from ..errors import (
     ManifestError,
     NoCheckpointError,
     NotFoundError,
+    TrainstoreError,
 )
+from ..store.base import Store
 from . import manifest as mf
+from .backend import SaveBackend, loader_name
 from .manifest import Manifest
+from .select import PartialReport, Selection, prune
 from .verify import record as record_verify
 
 log = logging.getLogger("trainstore.checkpoint")
@@ -86,6 +91,44 @@ def restore_first(chunks: ChunkStore, job: str, load: Callable[[Manifest], Any],
     return None
 
 
+def restore_selected(chunks: ChunkStore, job: str, backend_for: Callable[[str], SaveBackend],
+                     selection: Selection | None, into: Any, scratch_bytes: int, step: int | None,
+                     best: str | None, mode: str, retry_bad: bool, skipped: list[tuple[int, str]]
+                     ) -> tuple[Manifest, str, Any, PartialReport | None] | None:
+    """``restore_first`` where the backend that wrote each candidate (``backend_for(name)``)
+    loads it (into ``into``, in place, when given), pruned to ``selection`` (only=/reset=):
+    (manifest, why, state, what a partial restore loaded and left out) or None."""
+    partial: list[PartialReport] = []
+
+    def load(m: Manifest) -> Any:
+        if selection is not None:
+            if loader_name(m) != "single":
+                raise ConfigError(f"partial restore (only=/reset=) of checkpoint step {m.step}: not supported "
+                                  f"for checkpoints written by the {loader_name(m)!r} backend")
+            m, report = prune(m, selection)
+            partial[:] = [report]
+        return backend_for(loader_name(m)).load(m, into, scratch_bytes)
+
+    found = restore_first(chunks, job, load, step, best, mode, retry_bad, skipped)
+    return None if found is None else (*found, partial[0] if partial else None)
+
+
+def tier_of(store: Store, key: str) -> str:
+    """Which tier holds ``key`` (the first that does): ``"hot (URL)"``, ``"durable (URL)"``,
+    ``"archive (URL)"``; a store without tiers is named by its URL. For the resume log line."""
+    tiers = store.tiers()
+    if len(tiers) < 2:
+        return store.url
+    names = ("hot", "durable", "archive") if len(tiers) <= 3 else tuple(f"tier {i}" for i in range(len(tiers)))
+    for name, tier in zip(names, tiers):
+        try:
+            if tier.exists(key):
+                return f"{name} ({tier.url})"
+        except TrainstoreError:  # an unreachable tier did not serve it
+            continue
+    return store.url
+
+
 def check_base(store: Any, m: Manifest) -> None:
     """An incremental's base must exist and be full: else the incremental is bad (ManifestError)."""
     if m.kind == "incremental":
@@ -123,4 +166,4 @@ def best_order(store: Any, job: str, steps: list[int], metric: str, mode: str,
     return [(s, f"best {metric}={v} ({mode})") for v, s in scored]
 
 
-__all__ = ["best_order", "check_base", "restore_first"]
+__all__ = ["best_order", "check_base", "restore_first", "restore_selected", "tier_of"]

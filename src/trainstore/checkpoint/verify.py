@@ -16,6 +16,8 @@ about the checkpoint.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -27,10 +29,13 @@ from .manifest import (
     VerifyRecord,
     load_manifest,
     manifest_digest,
+    manifest_key,
     new_verify_record,
     write_verify_record,
 )
 from .reader import _read_piece
+
+log = logging.getLogger("trainstore.checkpoint")
 
 
 def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, workers: int = 4) -> VerifyRecord:
@@ -90,4 +95,28 @@ def record(chunks: ChunkStore, job: str, rec: VerifyRecord) -> None:
         pass
 
 
-__all__ = ["verify_manifest", "record"]
+def verify_steps(chunks: ChunkStore, job: str, steps: list[int], deep: bool, workers: int, *, asked: bool,
+                 notify: Callable[[VerifyRecord], None]) -> list[VerifyRecord]:
+    """Verify ``steps`` of ``job`` (``asked``: one step the caller named, which must exist),
+    record each outcome in the store and ``notify`` it; returns the records."""
+    records = []
+    for s in steps:
+        try:
+            m = load_manifest(chunks.store, job, s)
+        except IntegrityError as exc:  # only integrity failures are recorded as bad
+            m, rec = None, new_verify_record(s, deep, [f"manifest: {exc}"], 0)
+        except NotFoundError:
+            if asked or chunks.store.exists(manifest_key(job, s)):
+                raise NotFoundError(f"no checkpoint step {s} for job {job!r}") from None
+            continue  # deleted since it was listed
+        if m is not None:
+            rec = verify_manifest(chunks, m, deep=deep, workers=workers)
+        record(chunks, job, rec)
+        notify(rec)
+        if not rec.ok:
+            log.warning("checkpoint step %d of job %r failed verification: %s", s, job, "; ".join(rec.errors[:3]))
+        records.append(rec)
+    return records
+
+
+__all__ = ["verify_manifest", "verify_steps", "record"]
