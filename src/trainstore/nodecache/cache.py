@@ -16,9 +16,9 @@ of one node may share one cache directory; coordination uses only the file syste
   directory under a global eviction lock and removes the least recently used unpinned files.
 * **wanted**: a reader of this process may mark files it reads again with the rank of their
   next use (``want``; the loader does in block mode). Those go after every other file, the one
-  needed last first; a fill ahead of use never evicts one needed sooner than itself, and a fill
-  on demand first waits ``want_grace_s`` for other files to be freed (prefetch must not evict
-  what the current batches still need).
+  needed last first (``nodecache.wanted``); a fill ahead of use never evicts one needed sooner
+  than itself, and a fill on demand first waits ``want_grace_s`` for other files to be freed
+  (prefetch must not evict what the current batches still need).
 
 Entries are namespaced by a hash of the durable store's URL, so jobs on different stores
 sharing one directory never collide; nothing uses named shared memory. Keys are immutable in
@@ -35,12 +35,10 @@ a fill checks the store still holds that tag before and after the download (else
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,24 +49,19 @@ from ..errors import CapacityError, ConfigError, IntegrityError, StoreError
 from ..fileio import unlink_quietly
 from ..store import Store, open_store, validate_key
 from .config import CacheConfig, CacheStats
+from .evict import remove_idle, scan
 from .fetch import RangedDownloads, download
 from .files import TMP_PREFIX, PinnedFile, file_hash, stamp, temp_file_beside, touch
-from .source import check_unchanged
+from .source import check_unchanged, other_contents, tagged_name
+from .wanted import CachedFile, WantedFiles
 
 log = logging.getLogger(__name__)
-
-_TAG_CHARS = 16
-#: the name of a tagged copy: the tag's hash, a dot, the key's last segment
-_TAGGED = re.compile(rf"[0-9a-f]{{{_TAG_CHARS}}}\.")
 
 
 class NotNeeded(CapacityError):
     """A fill ahead of use found, holding the key's lock, that its reader no longer needs the
     object (``pin(needed=...)``): nothing was fetched."""
 
-
-def _tag_hash(tag: str) -> str:
-    return hashlib.sha256(tag.encode()).hexdigest()[:_TAG_CHARS]
 
 # Files this process has verified: path -> (inode, size, mtime_ns). Shared by every NodeCache
 # in the process, so a new cache object (a new Dataset, a new epoch) does not re-hash them.
@@ -113,9 +106,8 @@ class NodeCache:
         #: holding idle pins (e.g. a Dataset's open shards) can release them here.
         self.on_pressure: Callable[[], None] | None = None
         self._ranged: RangedDownloads | None = None
-        #: path -> {owner: rank of its next use}: files a reader of this process still needs
-        #: (``want``); evicted only after every other file, the one needed last first
-        self._wanted: dict[str, dict[int, float]] = {}
+        #: files a reader of this process still needs (``want``): evicted after every other file
+        self._wanted = WantedFiles()
 
     # -- paths -----------------------------------------------------------------------------
     def path_of(self, key: str, tag: str | None = None) -> str:
@@ -127,7 +119,7 @@ class NodeCache:
             raise ConfigError(f"cache key segment may not start with {TMP_PREFIX!r}: {key!r}")
         if tag is None:
             return os.path.join(self._obj_ns, *parts)
-        parts[-1] = f"{_tag_hash(tag)}.{parts[-1]}"
+        parts[-1] = tagged_name(tag, parts[-1])
         return os.path.join(self._objects, f"{self.namespace}.v", *parts)
 
     def _key_lock(self, key: str) -> filelock.FileLock:
@@ -194,22 +186,10 @@ class NodeCache:
         """``owner`` (any id) will read ``key`` again; ``rank`` orders its next use (lower =
         sooner). Eviction takes files nobody wants first (LRU), then wanted ones needed last
         first; a fill ahead of use never evicts a file wanted before its own ``rank``."""
-        path = self.path_of(key, tag)
-        with self._mu:
-            self._wanted.setdefault(path, {})[owner] = rank
+        self._wanted.want(self.path_of(key, tag), rank, owner)
 
     def unwant(self, key: str, *, owner: int, tag: str | None = None) -> None:
-        path = self.path_of(key, tag)
-        with self._mu:
-            holders = self._wanted.get(path)
-            if holders is not None:
-                holders.pop(owner, None)
-                if not holders:
-                    del self._wanted[path]
-
-    def _next_use(self, path: str) -> float | None:
-        holders = self._wanted.get(path)
-        return min(holders.values()) if holders else None
+        self._wanted.unwant(self.path_of(key, tag), owner)
 
     def evict(self, key: str, *, tag: str | None = None) -> bool:
         """Remove ``key`` (its copy of content ``tag``) now if it is not in use; True if removed."""
@@ -356,24 +336,12 @@ class NodeCache:
             touch(path)
             handle = self._handle(key, path, fd, written)
             handle.fetched = True
-        if tag is not None:
-            self._drop_other_contents(path)
-        return handle
-
-    def _drop_other_contents(self, path: str) -> None:
-        """Evict the idle copies of other contents (tags) of the object whose copy is ``path``:
-        the store no longer holds them."""
-        directory, name = os.path.split(path)
-        rest = name[_TAG_CHARS + 1:]
-        try:
-            others = [e.path for e in os.scandir(directory)
-                      if e.name != name and e.name[_TAG_CHARS + 1:] == rest and _TAGGED.match(e.name)]
-        except FileNotFoundError:
-            return
-        if others:
+        others = other_contents(path) if tag is not None else []
+        if others:  # idle copies of contents the store no longer holds
             with filelock.FileLock(self._evict_lock_path, timeout=self.config.lock_timeout_s):
                 for other in others:
                     self._evict_file(other)
+        return handle
 
     def _object_size(self, key: str) -> int:
         return self.store.head(key).size
@@ -385,45 +353,12 @@ class NodeCache:
                 self._ranged = RangedDownloads(self.config.part_bytes, self.config.fetch_concurrency)
             return self._ranged
 
-    def _scan(self) -> Iterator[tuple[str, int, float]]:
+    def _scan(self) -> Iterator[CachedFile]:
         """(path, size, atime) of every cached file; removes stale temp files on the way."""
-        now = time.time()
-        stack = [self._objects]
-        while stack:
-            d = stack.pop()
-            try:
-                entries = list(os.scandir(d))
-            except FileNotFoundError:
-                continue
-            for e in entries:
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                        continue
-                    st = e.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if e.name.startswith(TMP_PREFIX):
-                    if now - st.st_mtime > self.config.stale_temp_s:
-                        unlink_quietly(e.path)
-                        continue
-                yield e.path, st.st_size, st.st_atime
-
-    def _victims(self, files: list[tuple[str, int, float]], ahead: bool,
-                 rank: float | None) -> list[tuple[str, int, float]]:
-        """Eviction order: files nobody wants, least recently used first; then wanted files,
-        the one needed last first. A fill ahead (of use ``rank``) takes no file wanted sooner
-        (none, without a rank): prefetch must not evict what the current batches still need."""
-        with self._mu:
-            nxt = {p: self._next_use(p) for p, _s, _a in files}
-        idle = sorted((f for f in files if nxt[f[0]] is None), key=lambda f: f[2])
-        wanted = sorted((f for f in files if nxt[f[0]] is not None), key=lambda f: -nxt[f[0]])  # type: ignore[operator]
-        if ahead:
-            wanted = [f for f in wanted if rank is not None and nxt[f[0]] > rank]  # type: ignore[operator]
-        return idle + wanted
+        return scan(self._objects, self.config.stale_temp_s)
 
     def _make_room(self, incoming: int, key: str, ahead: bool = False, rank: float | None = None) -> None:
-        """Evict unpinned files (``_victims`` order) until ``incoming`` more bytes fit the limit."""
+        """Evict unpinned files (``WantedFiles.victims`` order) until ``incoming`` more bytes fit the limit."""
         now = time.monotonic()
         deadline = now + (0.0 if ahead else self.config.capacity_wait_s)
         # until then, evict only files nobody wants (within the wait for space; a fill never
@@ -438,7 +373,7 @@ class NodeCache:
                 if used + incoming <= limit:
                     return
                 grace = not ahead and time.monotonic() < spare_wanted
-                for path, _sz, _atime in self._victims(files, ahead or grace, None if grace else rank):
+                for path, _sz, _atime in self._wanted.victims(files, ahead or grace, None if grace else rank):
                     if os.path.basename(path).startswith(TMP_PREFIX):
                         continue
                     freed = self._evict_file(path)
@@ -461,32 +396,15 @@ class NodeCache:
 
     def _evict_file(self, path: str) -> int:
         """Remove ``path`` if nobody uses it; bytes freed, -1 if busy."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        freed = remove_idle(path)
+        if freed is None:
             return 0
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    return -1
-                raise
-            st = os.fstat(fd)
-            try:
-                cur = os.stat(path)
-            except FileNotFoundError:
-                return 0
-            if cur.st_ino != st.st_ino:
-                return -1
-            os.unlink(path)
-        finally:
-            os.close(fd)
-        with self._mu:
-            self.stats.evictions += 1
-            self.stats.bytes_evicted += st.st_size
-            self._verified.pop(path, None)
-        return st.st_size
+        if freed >= 0:
+            with self._mu:
+                self.stats.evictions += 1
+                self.stats.bytes_evicted += freed
+                self._verified.pop(path, None)
+        return freed
 
     def __repr__(self) -> str:
         return f"NodeCache({self.store.url!r}, {self.root!r}, limit={self.config.limit_bytes})"

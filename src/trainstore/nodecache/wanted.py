@@ -1,0 +1,49 @@
+"""Files a reader of this process still needs, and the eviction order they give the node cache.
+
+A reader marks a cached file it reads again with the rank of its next use (``NodeCache.want``;
+the loader does in block mode). Eviction takes the files nobody wants first, least recently
+used first; then the wanted ones, the one needed last first. A fill ahead of use (of use
+``rank``) takes no file wanted sooner than itself (none, without a rank): prefetch must not
+evict what the current batches still need.
+"""
+
+from __future__ import annotations
+
+import threading
+
+#: (path, size, atime) of a cached file, as ``NodeCache._scan`` yields it
+CachedFile = tuple[str, int, float]
+
+
+class WantedFiles:
+    """path -> {owner: rank of its next use}, thread-safe."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._ranks: dict[str, dict[int, float]] = {}
+
+    def want(self, path: str, rank: float, owner: int) -> None:
+        with self._mu:
+            self._ranks.setdefault(path, {})[owner] = rank
+
+    def unwant(self, path: str, owner: int) -> None:
+        with self._mu:
+            holders = self._ranks.get(path)
+            if holders is not None:
+                holders.pop(owner, None)
+                if not holders:
+                    del self._ranks[path]
+
+    def victims(self, files: list[CachedFile], ahead: bool, rank: float | None) -> list[CachedFile]:
+        """``files`` in eviction order (module docstring); ``ahead``: a fill ahead of use
+        ``rank``, which takes no file wanted sooner."""
+        with self._mu:
+            nxt = {p: min(h.values()) for p, _s, _a in files if (h := self._ranks.get(p))}
+        idle = sorted((f for f in files if f[0] not in nxt), key=lambda f: f[2])
+        wanted = sorted((f for f in files if f[0] in nxt), key=lambda f: -nxt[f[0]])
+        if ahead:
+            wanted = [f for f in wanted if rank is not None and nxt[f[0]] > rank]
+        return idle + wanted
+
+
+__all__ = ["CachedFile", "WantedFiles"]
