@@ -260,16 +260,15 @@ class NodeCache:
             return False
         if checksum is None or self.config.verify_hits == "never":
             return True
-        st = os.fstat(handle._fd)
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        copy = stamp(handle._fd)
         if self.config.verify_hits == "once":
             with self._mu:
-                if self._verified.get(handle.path) == stamp:
+                if self._verified.get(handle.path) == copy:
                     return True
         ok = file_hash(handle._fd, handle.size) == checksum
         if ok:
             with self._mu:
-                self._verified[handle.path] = stamp
+                self._verified[handle.path] = copy
         return ok
 
     def _fill(
@@ -327,12 +326,11 @@ class NodeCache:
                 os.close(fd)
                 unlink_quietly(tmp)
                 raise
-            st = os.fstat(fd)
             with self._mu:
                 self.stats.misses += 1
                 self.stats.bytes_fetched += written
                 if checksum is not None:
-                    self._verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    self._verified[path] = stamp(fd)
             touch(path)
             handle = self._handle(key, path, fd, written)
             handle.fetched = True
