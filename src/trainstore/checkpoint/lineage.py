@@ -43,7 +43,7 @@ from .layout import (
     manifest_key,
     step_prefix,
 )
-from .manifest import MAX_MANIFEST_BYTES, Manifest
+from .manifest import Manifest, parse_manifest
 
 log = logging.getLogger("trainstore.checkpoint")
 RUN_FIELD = "run"
@@ -84,16 +84,13 @@ def abandon(store: Store, job: str, steps: list[int]) -> list[tuple[int, str]]:
 
 
 def _good_copy(store: Store, job: str, step: int) -> tuple[bytes, Manifest] | None:
-    """The first tier's copy of the manifest that validates: moved into every tier, so a
-    corrupt copy in one tier is not kept beside the good one (None: no tier has one)."""
+    """A good copy of the manifest (``read_checked``: bad copies are read past and repaired),
+    moved into every tier, so a corrupt copy is not kept beside the good one (None: none is)."""
     key = manifest_key(job, step)
-    for tier in store.tiers():
-        try:
-            raw = bytes(memoryview(tier.get(key)))
-            return raw, Manifest.from_bytes(raw, key)
-        except (NotFoundError, ManifestError):
-            continue
-    return None
+    try:
+        return read_checked(store, key, lambda data: (bytes(memoryview(data)), parse_manifest(data, key)))
+    except (NotFoundError, ManifestError):
+        return None
 
 
 def _move(tier: Store, job: str, step: int, good: tuple[bytes, Manifest] | None) -> str:
@@ -219,9 +216,7 @@ class RunLineage:
 def load_abandoned(store: Store, key: str) -> Manifest:
     """Read and validate an abandoned manifest (``layout.list_abandoned`` gives the keys)."""
     def check(data: Buffer) -> Manifest:
-        if memoryview(data).nbytes > MAX_MANIFEST_BYTES:
-            raise ManifestError(f"checkpoint manifest {key} is larger than {MAX_MANIFEST_BYTES} bytes")
-        m = Manifest.from_bytes(data, key)
+        m = parse_manifest(data, key)
         parts = key.split("/")
         if key != abandoned_key(m.job, m.step, parts[-2]) or not key.startswith(abandoned_prefix(m.job)):
             raise ManifestError(f"abandoned checkpoint manifest {key} says job={m.job!r} step={m.step}")

@@ -81,8 +81,7 @@ FORMAT_VERSION = 2
 FORMAT = f"{FORMAT_NAME}/{FORMAT_VERSION}"
 FORMAT_V1 = f"{FORMAT_NAME}/1"
 KINDS = ("full", "incremental")
-_MAX_MANIFEST_BYTES = 256 << 20
-MAX_MANIFEST_BYTES = _MAX_MANIFEST_BYTES  # the largest manifest any reader accepts
+MAX_MANIFEST_BYTES = 256 << 20  # the largest manifest any reader accepts
 
 
 # -- the manifest -------------------------------------------------------------------------
@@ -244,23 +243,29 @@ def manifest_chunk_keys(manifest: Manifest, prefix: str = "chunks") -> set[str]:
 
 
 # -- store access -------------------------------------------------------------------------
+def parse_manifest(data: Any, key: str) -> Manifest:
+    """The manifest stored at ``key`` from its bytes, refusing oversized ones (``ManifestError``)."""
+    if memoryview(data).nbytes > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"checkpoint manifest {key} is larger than {MAX_MANIFEST_BYTES} bytes")
+    return Manifest.from_bytes(data, key)
+
+
+def _parse_step(data: Any, job: str, step: int) -> Manifest:
+    """``parse_manifest`` of the lineage manifest of ``job``@``step``, which must say so."""
+    key = manifest_key(job, step)
+    m = parse_manifest(data, key)
+    if m.job != job or m.step != step:
+        raise ManifestError(f"checkpoint manifest {key} says job={m.job!r} step={m.step}")
+    return m
+
+
 def load_manifest(store: Store, job: str, step: int, *, scrub: bool = False) -> Manifest:
     """Read and validate one manifest. ``NotFoundError`` / ``ManifestError``.
 
     A copy that fails validation in one tier is read from the next and repaired where it was
     bad (``store.checked.read_checked``): ``ManifestError`` only when no tier holds a good
     copy. ``scrub``: check (and repair) the copy in every tier (deep verification)."""
-    key = manifest_key(job, step)
-
-    def check(data: Any) -> Manifest:
-        if memoryview(data).nbytes > _MAX_MANIFEST_BYTES:
-            raise ManifestError(f"checkpoint manifest {key} is larger than {_MAX_MANIFEST_BYTES} bytes")
-        m = Manifest.from_bytes(data, key)
-        if m.job != job or m.step != step:
-            raise ManifestError(f"checkpoint manifest {key} says job={m.job!r} step={m.step}")
-        return m
-
-    return read_checked(store, key, check, scrub=scrub)
+    return read_checked(store, manifest_key(job, step), lambda data: _parse_step(data, job, step), scrub=scrub)
 
 
 def manifest_digest(manifest: Manifest) -> str:
@@ -272,15 +277,11 @@ def manifest_digest(manifest: Manifest) -> str:
 def checkpoint_id(store: Store, job: str, step: int) -> str:
     """BLAKE3 of the stored bytes of a good copy of the step's manifest: the exact checkpoint
     (the registry records it, exports carry it). A bad copy in one tier is read past."""
-    key = manifest_key(job, step)
-
     def check(data: Any) -> str:
-        load = Manifest.from_bytes(data, key)
-        if load.job != job or load.step != step:
-            raise ManifestError(f"checkpoint manifest {key} says job={load.job!r} step={load.step}")
+        _parse_step(data, job, step)
         return content_hash(data)
 
-    return read_checked(store, key, check)
+    return read_checked(store, manifest_key(job, step), check)
 
 
 _READ = object()
@@ -322,7 +323,7 @@ def commit_manifest(store: Store, manifest: Manifest) -> None:
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "FORMAT_V1", "check_format", "KINDS", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "job_prefix", "ChunkEntry", "TensorEntry", "Manifest", "VerifyRecord",
     "check_job", "check_step", "checkpoints_prefix", "step_prefix", "manifest_key", "verify_key",
-    "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest", "manifest_digest", "checkpoint_id",
+    "manifest_refs", "manifest_chunk_keys", "list_steps", "list_jobs", "load_manifest", "parse_manifest", "MAX_MANIFEST_BYTES", "manifest_digest", "checkpoint_id",
     "list_manifests", "commit_manifest", "write_verify_record", "load_verify_record",
     "new_verify_record",
 ]
