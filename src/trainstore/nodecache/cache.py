@@ -28,8 +28,8 @@ match raises ``IntegrityError`` naming the key. Objects trainstore did not write
 data) may be rewritten in place: they are pinned with the ``tag`` of the content they were
 listed with (``nodecache.source``). A tagged copy lives under its own name (the tag's hash),
 so a new content is a miss and is filled, never served from an older copy of the same size;
-a fill checks the store still holds that tag before and after the download (else
-``IntegrityError`` naming the object), and drops the idle copies of other tags.
+a fill checks the store still holds that tag after the download (else ``IntegrityError``
+naming the object; nothing is kept), and drops the idle copies of other tags.
 """
 
 from __future__ import annotations
@@ -278,7 +278,8 @@ class NodeCache:
     ) -> PinnedFile | None:
         """Download ``key`` into the cache, unless another thread or process filled (or replaced
         the corrupt copy ``corrupt`` = its inode/size/mtime) while we waited for the key lock.
-        With ``tag``, the store must hold that content before and after the download."""
+        With ``tag``, the store must still hold that content after the download (one HEAD: a
+        content changed before the download is still another content after it)."""
         with self._key_lock(key):
             handle = self._try_pin(key, path)
             if handle is not None:
@@ -298,8 +299,6 @@ class NodeCache:
                 size = self._object_size(key)
             if size > self.config.limit_bytes:
                 raise self._too_big(key, size)
-            if tag is not None:
-                check_unchanged(self.store, key, tag, size)
             self._make_room(size, key, ahead, rank)
             fd, tmp = temp_file_beside(path)
             try:
