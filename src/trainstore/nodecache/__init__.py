@@ -7,9 +7,9 @@ store, where saves commit first). The data loader reads shards through this cach
 
 from __future__ import annotations
 
-from .cache import NodeCache
+from .cache import NodeCache, NotNeeded
 from .config import CacheConfig, CacheStats
 from .files import PinnedFile
 from .source import check_unchanged, source_tag
 
-__all__ = ["CacheConfig", "CacheStats", "NodeCache", "PinnedFile", "check_unchanged", "source_tag"]
+__all__ = ["CacheConfig", "CacheStats", "NodeCache", "NotNeeded", "PinnedFile", "check_unchanged", "source_tag"]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ...bytebudget import ByteBudget
 from ...errors import BackgroundError, CapacityError, IntegrityError, StoreError
-from ...nodecache.cache import NotNeeded
+from ...nodecache import NotNeeded
 from .dataset import Dataset
 
 
