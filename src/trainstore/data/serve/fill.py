@@ -115,8 +115,7 @@ class ShardFiller:
             if keep:
                 self._pins[s] = handle
         if not keep:
-            handle.close()
-            self.budget.release(nbytes)
+            self._drop(s, handle)
         return True
 
     def _pin(self, s: int):
@@ -125,9 +124,8 @@ class ShardFiller:
         transient store error (unreachable, throttled) is retried with backoff before it counts."""
         attempt = 0
         while not self._closed.is_set():
-            with self._mu:
-                if s in self._released:
-                    return None
+            if self._is_released(s):
+                return None
             try:
                 if isinstance(self.ds, Dataset):  # skip a download once the batches are done with s
                     return self.ds.pin_shard(s, ahead=True, needed=lambda: not self._is_released(s))
@@ -149,25 +147,28 @@ class ShardFiller:
 
     def batch_consumed(self, b: int) -> None:
         """Batch ``b`` was handed to the training loop: release the pins it ends."""
-        for s in self._by_batch.get(b, ()):
-            self._unpin(s)
-        with self._progress:
-            self._progress.notify_all()
+        self._unpin(*self._by_batch.get(b, ()))
 
     def shard_done(self, s: int) -> None:
         """No batch still to assemble reads shard ``s``: release its pin now (before the
         batch that last read it is consumed)."""
         self._unpin(s)
+
+    def _unpin(self, *shards: int) -> None:
+        """``shards`` are consumed: drop their pins, and wake fills waiting for room."""
+        for s in shards:
+            with self._mu:
+                self._released.add(s)
+                handle = self._pins.pop(s, None)
+            if handle is not None:
+                self._drop(s, handle)
         with self._progress:
             self._progress.notify_all()
 
-    def _unpin(self, s: int) -> None:
-        with self._mu:
-            self._released.add(s)
-            handle = self._pins.pop(s, None)
-        if handle is not None:
-            handle.close()
-            self.budget.release(self.ds.shards[s].bytes)
+    def _drop(self, s: int, handle) -> None:
+        """Close the pin ``handle`` of shard ``s`` and give its bytes back to the budget."""
+        handle.close()
+        self.budget.release(self.ds.shards[s].bytes)
 
     def release_pins(self) -> None:
         """The node cache needs room: give up the pin held ahead of use furthest from use
@@ -178,10 +179,8 @@ class ShardFiller:
             if not self._pins:
                 return
             last = max(self._pins, key=self._rank.__getitem__)
-            pins = {last: self._pins.pop(last)}
-        for s, handle in pins.items():
-            handle.close()
-            self.budget.release(self.ds.shards[s].bytes)
+            handle = self._pins.pop(last)
+        self._drop(last, handle)
 
     def close(self) -> None:
         self.ds.remove_pressure_hook(self.release_pins)
@@ -191,11 +190,7 @@ class ShardFiller:
         with self._mu:
             pins, self._pins = self._pins, {}
         for s, handle in pins.items():
-            handle.close()
-            self.budget.release(self.ds.shards[s].bytes)
-
-
-__all__ = ["FillPlan", "ShardFiller"]
+            self._drop(s, handle)
 
 
 class DaemonPool:
@@ -246,3 +241,5 @@ class DaemonPool:
             if t is not threading.current_thread():
                 t.join()
 
+
+__all__ = ["DaemonPool", "FillPlan", "ShardFiller"]
