@@ -82,42 +82,40 @@ def abandoned_key(job: str, step: int, run: str) -> str:
 
 
 # -- listing ----------------------------------------------------------------------------
+def parse_manifest_key(key: str) -> tuple[str, int, str | None] | None:
+    """(job, step, run) of a manifest's key: run None for the lineage's
+    (``checkpoints/<step>/manifest.json``), the run for an abandoned one; None for other keys."""
+    parts = key.split("/")
+    if parts[0] != "jobs" or parts[-1] != MANIFEST_NAME or len(parts) not in (5, 6):
+        return None
+    if not (len(parts[3]) == STEP_DIGITS and parts[3].isdigit()):
+        return None
+    if len(parts) == 5 and parts[2] == "checkpoints":
+        return parts[1], int(parts[3]), None
+    if len(parts) == 6 and parts[2] == ABANDONED:
+        return parts[1], int(parts[3]), parts[4]
+    return None
+
+
 def list_steps(store: Store, job: str) -> list[int]:
     """Committed steps of ``job``, ascending (a step counts once its manifest.json exists)."""
-    prefix = checkpoints_prefix(job)
-    steps = []
-    for meta in store.list(prefix):
-        rest = meta.key[len(prefix):]
-        parts = rest.split("/")
-        if len(parts) == 2 and parts[1] == MANIFEST_NAME and len(parts[0]) == STEP_DIGITS and parts[0].isdigit():
-            steps.append(int(parts[0]))
-    return sorted(steps)
+    return sorted(p[1] for meta in store.list(checkpoints_prefix(job))
+                  if (p := parse_manifest_key(meta.key)) is not None and p[2] is None)
 
 
 def list_abandoned(store: Store, job: str) -> list[tuple[int, str, str]]:
     """(step, run, key) of every abandoned checkpoint of ``job``, by step then run."""
-    prefix = abandoned_prefix(job)
-    found = []
-    for meta in store.list(prefix):
-        parts = meta.key[len(prefix):].split("/")
-        if len(parts) == 3 and parts[2] == MANIFEST_NAME and len(parts[0]) == STEP_DIGITS and parts[0].isdigit():
-            found.append((int(parts[0]), parts[1], meta.key))
-    return sorted(found)
+    return sorted((p[1], p[2], meta.key) for meta in store.list(abandoned_prefix(job))
+                  if (p := parse_manifest_key(meta.key)) is not None and p[2] is not None)
 
 
-def list_jobs(store: Store, *, abandoned: bool = False) -> list[str]:
-    """Job names that have at least one committed checkpoint (``abandoned``: or an abandoned one)."""
-    jobs = set()
-    for meta in store.list("jobs/"):
-        parts = meta.key.split("/")
-        if len(parts) == 5 and parts[2] == "checkpoints" and parts[4] == MANIFEST_NAME:
-            jobs.add(parts[1])
-        elif abandoned and len(parts) == 6 and parts[2] == ABANDONED and parts[5] == MANIFEST_NAME:
-            jobs.add(parts[1])
-    return sorted(jobs)
+def list_jobs(store: Store) -> list[str]:
+    """Job names that have at least one committed checkpoint."""
+    return sorted({p[0] for meta in store.list("jobs/")
+                   if (p := parse_manifest_key(meta.key)) is not None and p[2] is None})
 
 
 __all__ = [
     "ABANDONED", "abandoned_key", "abandoned_prefix", "list_abandoned", "MANIFEST_NAME", "STEP_DIGITS", "VERIFY_NAME", "check_job", "check_step", "checkpoints_prefix",
-    "job_prefix", "list_jobs", "step_exists", "list_steps", "manifest_key", "step_prefix", "verify_key",
+    "job_prefix", "list_jobs", "parse_manifest_key", "step_exists", "list_steps", "manifest_key", "step_prefix", "verify_key",
 ]

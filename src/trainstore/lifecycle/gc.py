@@ -42,7 +42,7 @@ from functools import partial
 from typing import Any
 
 from ..checkpoint import manifest as mf
-from ..checkpoint.layout import ABANDONED
+from ..checkpoint.layout import parse_manifest_key
 from ..checkpoint.lease import (
     CLOCK_SKEW_S,
     LEASE_RENEW_S,
@@ -151,12 +151,12 @@ def referenced_chunks(store: Store, *, ignore_unreadable: bool = False,
 def _manifest_keys(store: Store) -> Iterator[tuple[Any, str, Callable[[], mf.Manifest]]]:
     """(listing entry, job, loader) of every committed and abandoned manifest, one listing."""
     for meta in list(store.list("jobs/")):
-        parts = meta.key.split("/")
-        if len(parts) == 5 and parts[2] == "checkpoints" and parts[4] == mf.MANIFEST_NAME \
-                and len(parts[3]) == mf.STEP_DIGITS and parts[3].isdigit():
-            yield meta, parts[1], partial(mf.load_manifest, store, parts[1], int(parts[3]))
-        elif len(parts) == 6 and parts[2] == ABANDONED and parts[5] == mf.MANIFEST_NAME:
-            yield meta, parts[1], partial(load_abandoned, store, meta.key)
+        parsed = parse_manifest_key(meta.key)
+        if parsed is None:
+            continue
+        job, step, run = parsed
+        yield meta, job, (partial(mf.load_manifest, store, job, step) if run is None
+                          else partial(load_abandoned, store, meta.key))
 
 
 def lease_expiry(lease: dict, lease_ttl: float) -> float:
