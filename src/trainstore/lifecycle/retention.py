@@ -31,10 +31,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from ..checkpoint import manifest as mf
-from ..checkpoint.layout import list_abandoned
+from ..checkpoint.layout import abandoned_prefix, parse_manifest_key
 from ..checkpoint.lineage import load_abandoned, prune_empty_dirs, run_of
 from ..errors import (
     ConfigError,
@@ -181,37 +182,36 @@ def _registered_steps(store: Store, job: str) -> dict[int, str]:
     return Registry(store).protected_steps(job)
 
 
-ManifestCache = dict  # (step, etag, size) -> Manifest: committed manifests never change in place
+#: (step, run: None in the lineage, etag, size) -> Manifest of one job: committed manifests
+#: never change in place
+ManifestCache = dict
 
 
-def _load_manifests(store: Store, job: str, cache: ManifestCache | None) -> tuple[list[mf.Manifest], list[int]]:
+def _cached(step: int, run: str | None, meta: Any, load: Callable[[], mf.Manifest], cache: ManifestCache | None,
+            fresh: ManifestCache) -> mf.Manifest:
+    """The manifest listed as ``meta``: from ``cache`` (read by an earlier run), else ``load()``;
+    kept in ``fresh``, the cache of the next run."""
+    ident = (step, run, meta.etag, meta.size)
+    m = cache.get(ident) if cache is not None else None
+    fresh[ident] = m = load() if m is None else m
+    return m
+
+
+def _load_manifests(store: Store, job: str, cache: ManifestCache | None,
+                    fresh: ManifestCache) -> tuple[list[mf.Manifest], list[int]]:
     """Every readable manifest of ``job`` (one listing; reads only those not in ``cache``)."""
-    prefix = mf.checkpoints_prefix(job)
-    metas = {}
-    for meta in store.list(prefix):
-        parts = meta.key[len(prefix):].split("/")
-        if len(parts) == 2 and parts[1] == mf.MANIFEST_NAME and len(parts[0]) == mf.STEP_DIGITS and parts[0].isdigit():
-            metas[int(parts[0])] = meta
+    metas = {p[1]: meta for meta in store.list(mf.checkpoints_prefix(job))
+             if (p := parse_manifest_key(meta.key)) is not None and p[2] is None}
     manifests, unreadable = [], []
-    fresh = {}
     for step in sorted(metas):
-        ident = (step, metas[step].etag, metas[step].size)
-        m = cache.get(ident) if cache is not None else None
-        if m is None:
-            try:
-                m = mf.load_manifest(store, job, step)
-            except NotFoundError:
-                continue
-            except StoreUnavailableError:
-                raise
-            except ManifestError:
-                unreadable.append(step)
-                continue
-        fresh[ident] = m
-        manifests.append(m)
-    if cache is not None:
-        cache.clear()
-        cache.update(fresh)
+        try:
+            manifests.append(_cached(step, None, metas[step], partial(mf.load_manifest, store, job, step), cache, fresh))
+        except NotFoundError:
+            continue
+        except StoreUnavailableError:
+            raise
+        except ManifestError:
+            unreadable.append(step)
     return manifests, unreadable
 
 
@@ -227,7 +227,8 @@ def plan_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, no
     rule = _rule_of(policy)
     if allow_delete_all is None:
         allow_delete_all = isinstance(policy, RetentionPolicy) and policy.allow_delete_all
-    manifests, unreadable = _load_manifests(store, job, cache)
+    fresh: ManifestCache = {}
+    manifests, unreadable = _load_manifests(store, job, cache, fresh)
     lookup = (lambda: protected) if protected is not None else (lambda: _registered_steps(store, job))
     view = RetentionView(tuple(manifests), now, lookup)
     kept = rule.keep(view)
@@ -248,7 +249,10 @@ def plan_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, no
             why = [f"matches no keep rule: {m.kind}, age {format_duration(view.age(m))}; {rule.miss(m, view)}"]
         plan.decisions.append(Decision(m.step, m.kind, m.created, keep, tuple(dict.fromkeys(why)), m.stored_bytes,
                                        run_of(m), None, _chunks(m)))
-    plan.decisions.extend(_abandoned_decisions(store, job, rule, view))
+    plan.decisions.extend(_abandoned_decisions(store, job, rule, view, cache, fresh))
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     for s in unreadable:
         log.warning("retention: step %d of job %r has an unreadable manifest; left for inspection", s, job)
     if manifests and not any(d.keep for d in plan.decisions if d.abandoned_key is None) and not allow_delete_all:
@@ -268,12 +272,17 @@ def _hot_only(store: Store, job: str, steps: Any) -> set[int]:
     return {s for s in mf.list_steps(tiers[0], job) if s in steps and s not in beyond}
 
 
-def _abandoned_decisions(store: Store, job: str, rule: Rule, view: RetentionView) -> list[Decision]:
-    """Each abandoned checkpoint is judged in place of the lineage's step of its number."""
+def _abandoned_decisions(store: Store, job: str, rule: Rule, view: RetentionView, cache: ManifestCache | None,
+                         fresh: ManifestCache) -> list[Decision]:
+    """Each abandoned checkpoint is judged in place of the lineage's step of its number (its
+    manifest read once, then from ``cache``, like the lineage's)."""
     out = []
-    for step, run, key in list_abandoned(store, job):
+    listed = sorted(((p[1], p[2], meta) for meta in store.list(abandoned_prefix(job))
+                     if (p := parse_manifest_key(meta.key)) is not None and p[2] is not None), key=lambda t: t[:2])
+    for step, run, meta in listed:
+        key = meta.key
         try:
-            m = load_abandoned(store, key)
+            m = _cached(step, run, meta, partial(load_abandoned, store, key), cache, fresh)
         except NotFoundError:
             continue
         except ManifestError as exc:
