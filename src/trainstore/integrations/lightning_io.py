@@ -50,9 +50,9 @@ from .lightning_pointers import (
     as_loaded_through,
     is_tensor_file,
     norm_path,
-    read_pointer,
     read_tensor_file,
     remove_pointer,
+    resolve_path,
     write_pointer,
     write_tensor_file,
 )
@@ -293,20 +293,7 @@ class TrainstoreIOBase:
     def resolve(self, path: Any) -> tuple[Ref | None, bool, str]:
         """``(ref, last, why)`` of a load: ``ref`` None means the newest that verifies;
         ``last``: fall back to the newest that verifies if ``ref`` cannot be restored."""
-        text = os.fspath(path)
-        if text.startswith("trainstore:"):
-            what = text[len("trainstore:"):]
-            if what == "latest":
-                return None, True, "newest checkpoint that verifies"
-            if what.isdigit():
-                return (self.job, int(what)), False, f"step {what}"
-            raise ConfigError(f"ckpt path {text!r}: use 'trainstore:latest' or 'trainstore:<step>'")
-        pointer = read_pointer(text)
-        if not self.owns_job(pointer["job"]):
-            raise ConfigError(f"{text} is a checkpoint of job {pointer['job']!r}, this plugin saves job {self.job!r}")
-        ref = (pointer["job"], int(pointer["step"]))
-        last = os.path.basename(text).startswith("last")
-        return ref, last, f"step {ref[1]} of {os.path.basename(text)}" + (" (else the newest that verifies)" if last else "")
+        return resolve_path(os.fspath(path), self.job, self.owns_job)
 
     def restore(self, ref: Ref | None, last: bool, into: Any, layout: str) -> RestoreResult:
         """Restore ``ref`` (``last``: falling back to the newest that verifies), checking it was
@@ -383,13 +370,7 @@ class TrainstoreIOBase:
             delete_checkpoint(mgr.store, *ref)
             self._forget(ref)
         main_dropped = frozenset(s for j, s in dropped if j == self.job)
-        if not main_dropped:
-            if variants:
-                with self._lock:
-                    self._aliases.save(mgr.store)
-                    self._dirty = False
-            return
-        deleted = drop_unnamed(mgr.store, self.job, main_dropped, self.keep)
+        deleted = drop_unnamed(mgr.store, self.job, main_dropped, self.keep) if main_dropped else []
         for step in deleted:
             self._forget((self.job, step))
         if deleted or variants:

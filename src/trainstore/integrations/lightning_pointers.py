@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -92,6 +93,25 @@ def read_pointer(path: str) -> dict:
     return doc
 
 
+def resolve_path(text: str, job: str, owns_job: Callable[[str], bool]) -> tuple[Ref | None, bool, str]:
+    """``(ref, last, why)`` of a load of ``text`` (a pointer file, ``trainstore:latest`` or
+    ``trainstore:<step>``) by the plugin of ``job``: ``ref`` None means the newest that verifies;
+    ``last``: fall back to the newest that verifies if ``ref`` cannot be restored."""
+    if text.startswith("trainstore:"):
+        what = text[len("trainstore:"):]
+        if what == "latest":
+            return None, True, "newest checkpoint that verifies"
+        if what.isdigit():
+            return (job, int(what)), False, f"step {what}"
+        raise ConfigError(f"ckpt path {text!r}: use 'trainstore:latest' or 'trainstore:<step>'")
+    pointer = read_pointer(text)
+    if not owns_job(pointer["job"]):
+        raise ConfigError(f"{text} is a checkpoint of job {pointer['job']!r}, this plugin saves job {job!r}")
+    ref = (pointer["job"], int(pointer["step"]))
+    last = os.path.basename(text).startswith("last")
+    return ref, last, f"step {ref[1]} of {os.path.basename(text)}" + (" (else the newest that verifies)" if last else "")
+
+
 def write_tensor_file(path: str, state: dict) -> None:
     """A dict of tensors that is no training checkpoint (no ``global_step``: the spawn launcher
     hands rank 0's weights to the main process this way) as a safetensors file at ``path``."""
@@ -166,5 +186,5 @@ def as_loaded_through(checkpoint: dict, last_path: str) -> None:
             state["last_model_path"] = os.path.join(state["dirpath"], os.path.basename(last_path))
 
 
-__all__ = ["write_tensor_file", "is_tensor_file", "read_tensor_file", "POINTER_FORMAT", "ALIASES_FORMAT", "AliasRecord", "Ref", "aliases_key", "norm_path", "write_pointer",
+__all__ = ["write_tensor_file", "is_tensor_file", "read_tensor_file", "POINTER_FORMAT", "ALIASES_FORMAT", "AliasRecord", "Ref", "aliases_key", "norm_path", "write_pointer", "resolve_path",
            "remove_pointer", "read_pointer", "as_loaded_through"]
