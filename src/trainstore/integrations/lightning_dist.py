@@ -18,6 +18,7 @@ taken on rank 0 and broadcast over a gloo group of the plugin's own, never the t
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -237,14 +238,23 @@ class LightningClasses:
         raise unsupported(repr(strategy))
 
 
-def build_classes(module: str, checkpoint_io: type, model_parallel: type, ddp: type, single: type) -> LightningClasses:
-    """The classes of one namespace, named as attributes of ``module`` (pickle finds them)."""
+FABRIC = {"pytorch_lightning": "lightning_fabric", "lightning.pytorch": "lightning.fabric"}
+
+
+def namespace(module: str, package: str) -> tuple[type, type, Callable[..., Any], Callable[[Any], Any]]:
+    """``(TrainstoreCheckpointIO, TrainstoreModelParallelStrategy, trainstore_strategy,
+    check_strategy)`` of the Lightning ``package`` (``pytorch_lightning`` or ``lightning.pytorch``),
+    the classes named as attributes of ``module`` (pickle finds them)."""
+    checkpoint_io = importlib.import_module(f"{FABRIC[package]}.plugins.io.checkpoint_io").CheckpointIO
+    strategies = importlib.import_module(f"{package}.strategies")
     io = type("TrainstoreCheckpointIO", (TrainstoreIOBase, checkpoint_io),
               {"__module__": module, "__doc__": "Lightning ``CheckpointIO`` saving to a trainstore job (lightning_io)."})
-    mp = type("TrainstoreModelParallelStrategy", (ShardedSaves, model_parallel),
+    mp = type("TrainstoreModelParallelStrategy", (ShardedSaves, strategies.ModelParallelStrategy),
               {"__module__": module, "__doc__": "``ModelParallelStrategy`` (FSDP2) whose sharded checkpoints go "
                "through trainstore's dcp backend (lightning_dist): ``TrainstoreModelParallelStrategy(io=...)``."})
-    return LightningClasses(io, mp, model_parallel, ddp, single)
+    classes = LightningClasses(io, mp, strategies.ModelParallelStrategy, strategies.DDPStrategy,
+                               strategies.SingleDeviceStrategy)
+    return io, mp, classes.strategy, classes.check
 
 
-__all__ = ["ShardedSaves", "LightningClasses", "build_classes", "unsupported", "REST", "SUPPORTED"]
+__all__ = ["ShardedSaves", "LightningClasses", "namespace", "unsupported", "REST", "SUPPORTED"]

@@ -7,18 +7,12 @@
 
 from __future__ import annotations
 
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
-
-from .lightning_dist import build_classes
+from .lightning_dist import namespace
 from .lightning_io import LATEST
 from .lightning_pointers import aliases_key
 
-_classes = build_classes(__name__, CheckpointIO, ModelParallelStrategy, DDPStrategy, SingleDeviceStrategy)
-TrainstoreCheckpointIO = _classes.io
-TrainstoreModelParallelStrategy = _classes.model_parallel
-trainstore_strategy = _classes.strategy
-check_strategy = _classes.check
+TrainstoreCheckpointIO, TrainstoreModelParallelStrategy, trainstore_strategy, check_strategy = namespace(
+    __name__, "lightning.pytorch")
 
 __all__ = ["TrainstoreCheckpointIO", "TrainstoreModelParallelStrategy", "trainstore_strategy", "check_strategy",
            "LATEST", "aliases_key"]
