@@ -35,7 +35,13 @@ from ..errors import (
     StoreUnavailableError,
     TrainstoreError,
 )
-from .coordination import describe_failure, group_timeout, is_peer_failure, timeout_note
+from .coordination import (
+    RANK_COMMITTED,
+    describe_failure,
+    group_timeout,
+    is_peer_failure,
+    timeout_note,
+)
 from .reader import StorageReader
 from .writer import BaseCache, StorageWriter
 
@@ -109,7 +115,7 @@ class DcpBackend(SaveBackend):
                                    f"{writer.failure_report(exc)}") from exc
         self._coordinator = writer.is_coordinator
         # every rank, after the commit (hooks run on the coordinator only): the peer tier's cue
-        ctx.notify("rank_committed", step=step, kind=kind, rank=dist.get_rank() if dist.is_initialized() else 0)
+        ctx.notify(RANK_COMMITTED, step=step, kind=kind, rank=dist.get_rank() if dist.is_initialized() else 0)
         return CheckpointInfo.from_manifest(m)
 
     def load(self, manifest: mf.Manifest, into: Any, scratch_bytes: int) -> Any:

@@ -34,6 +34,8 @@ from ..naming import NAME_PATTERN
 from ..store.base import Store
 
 TIMEOUT_ENV = "TRAINSTORE_CKPT_TIMEOUT_S"
+#: the manager event every rank gives its observers after a DCP save committed (the peer tier's cue)
+RANK_COMMITTED = "rank_committed"
 DEFAULT_TIMEOUT_S = 1800.0
 
 _ID = re.compile(rf"^(?:trainstore:(?P<url>[^#]+)#)?(?:(?P<job>{NAME_PATTERN})@)?(?P<step>\d{{1,12}})$")
@@ -207,4 +209,4 @@ def _dist():  # noqa: ANN202 - torch.distributed, imported lazily
 __all__ = ["CheckpointTarget", "parse_checkpoint_id", "full_checkpoint_id", "format_checkpoint_id",
            "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",
            "rank_error", "describe_failure", "mark_written", "unfinished_ranks", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S",
-           "group_timeout_s", "group_timeout", "timeout_note", "is_peer_failure"]
+           "RANK_COMMITTED", "group_timeout_s", "group_timeout", "timeout_note", "is_peer_failure"]

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.types import RestoreResult
 from ..chunks import ChunkStore
-from ..dcp.coordination import group_timeout
+from ..dcp.coordination import RANK_COMMITTED, group_timeout
 from ..errors import ConfigError, DistributedError, TrainstoreError
 from ..store.base import Store
 from .context import PeerContext
@@ -42,7 +42,7 @@ from .transport import Transport
 log = logging.getLogger("trainstore.peer")
 
 #: the manager event (every rank, after its save committed) that starts a protection
-COMMIT_EVENT = "rank_committed"
+COMMIT_EVENT = RANK_COMMITTED
 
 
 @dataclass(frozen=True)
