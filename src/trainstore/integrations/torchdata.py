@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from ..data.serve.sampler import PlanSpec, epoch_streams
 from ..data.serve.source import ServeSource
 from ..errors import ConfigError
+from .ranks import rank_and_world
 
 SAMPLER_FORMAT = "trainstore.torchdata-sampler/1"
 STREAM_FORMAT = "trainstore.torchdata-stream/1"
@@ -59,10 +59,8 @@ def _spec(data: ServeSource | Sized, batch_size: int, seed: int, shuffle: bool, 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit values, else the initialised ``torch.distributed`` group, else a single rank."""
-    if (rank is None or world_size is None) and dist.is_available() and dist.is_initialized():
-        rank = dist.get_rank() if rank is None else rank
-        world_size = dist.get_world_size() if world_size is None else world_size
-    rank, world_size = (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+    group_rank, group_world = rank_and_world()
+    rank, world_size = (group_rank if rank is None else int(rank)), (group_world if world_size is None else int(world_size))
     if world_size <= 0 or not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} is not in a world of size {world_size}")
     return rank, world_size
