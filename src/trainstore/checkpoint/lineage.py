@@ -154,17 +154,19 @@ class RunLineage:
             self.run = check_name(run, "run id") if run is not None else new_run_id()
             self._given = run is not None
 
-    def restored(self, m: Manifest) -> None:
+    def restored(self, m: Manifest, newest: int | None = None) -> None:
         """Training continues from ``m``; restoring the newest step continues its run (a
-        store that cannot list now - a tier down - starts a new one: only a name differs)."""
+        store that cannot list now - a tier down - starts a new one: only a name differs).
+        ``newest``: the newest step the restore listed (else it is listed here)."""
         self.position, self._check = m.step, True
         if self._given or run_of(m) is None:
             return
-        try:
-            newest = list_steps(self.store, self.job)[-1:]
-        except StoreUnavailableError:
-            return
-        if newest == [m.step]:
+        if newest is None:
+            try:
+                newest = max(list_steps(self.store, self.job), default=None)
+            except StoreUnavailableError:
+                return
+        if newest == m.step:
             self.run = run_of(m)  # type: ignore[assignment]
 
     @property

@@ -375,8 +375,8 @@ class CheckpointManager:
                          skipped=len(skipped), logical_bytes=0)
             raise NoValidCheckpointError(f"no checkpoint of job {self.job!r} could be restored; tried: "
                                          + "; ".join(f"step {s}: {why}" for s, why in skipped))
-        m, why, state, partial = found
-        self._lineage.restored(m)
+        m, why, state, partial, newest = found
+        self._lineage.restored(m, newest)
         result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
                                repairs=self.repairs[repairs_before:], partial=partial,
                                lossy=LossyReport.of(m), tier=tier_of(self.store, mf.manifest_key(self.job, m.step)))

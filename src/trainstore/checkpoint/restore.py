@@ -37,8 +37,9 @@ log = logging.getLogger("trainstore.checkpoint")
 
 def restore_first(chunks: ChunkStore, job: str, load: Callable[[Manifest], Any], step: int | None,
                   best: str | None, mode: str, retry_bad: bool,
-                  skipped: list[tuple[int, str]]) -> tuple[Manifest, str, Any] | None:
-    """(manifest, why it was chosen, state) of the first candidate that restores, or None
+                  skipped: list[tuple[int, str]]) -> tuple[Manifest, str, Any, int | None] | None:
+    """(manifest, why it was chosen, state, the newest step listed: None when only the asked
+    step was looked up) of the first candidate that restores, or None
     when none could be (every candidate is then in ``skipped``, with the reason); raises
     ``NoCheckpointError`` when ``job`` has no checkpoint at all."""
     store = chunks.store
@@ -52,11 +53,12 @@ def restore_first(chunks: ChunkStore, job: str, load: Callable[[Manifest], Any],
             raise NotFoundError(f"no checkpoint step {step} for job {job!r} in {store.url} "
                                 f"(committed: {mf.list_steps(store, job)[-10:]})")
         order = [(step, f"step {step} was asked for")]
-        retry_bad = True
+        retry_bad, newest = True, None
     else:
         steps = mf.list_steps(store, job)
         if not steps:
             raise NoCheckpointError(f"job {job!r} has no checkpoints in {store.url}")
+        newest = steps[-1]
         order = best_order(store, job, steps, best, mode, skipped) if best is not None \
             else [(s, "newest checkpoint that verifies") for s in reversed(steps)]
     for s, why in order:
@@ -87,17 +89,17 @@ def restore_first(chunks: ChunkStore, job: str, load: Callable[[Manifest], Any],
             continue
         if skipped and why.startswith("newest"):
             why = f"newest checkpoint that verifies ({len(skipped)} newer skipped)"
-        return m, why, state
+        return m, why, state, newest
     return None
 
 
 def restore_selected(chunks: ChunkStore, job: str, backend_for: Callable[[str], SaveBackend],
                      selection: Selection | None, into: Any, scratch_bytes: int, step: int | None,
                      best: str | None, mode: str, retry_bad: bool, skipped: list[tuple[int, str]]
-                     ) -> tuple[Manifest, str, Any, PartialReport | None] | None:
+                     ) -> tuple[Manifest, str, Any, PartialReport | None, int | None] | None:
     """``restore_first`` where the backend that wrote each candidate (``backend_for(name)``)
     loads it (into ``into``, in place, when given), pruned to ``selection`` (only=/reset=):
-    (manifest, why, state, what a partial restore loaded and left out) or None."""
+    (manifest, why, state, what a partial restore loaded and left out, newest step listed) or None."""
     partial: list[PartialReport] = []
 
     def load(m: Manifest) -> Any:
@@ -110,7 +112,10 @@ def restore_selected(chunks: ChunkStore, job: str, backend_for: Callable[[str], 
         return backend_for(loader_name(m)).load(m, into, scratch_bytes)
 
     found = restore_first(chunks, job, load, step, best, mode, retry_bad, skipped)
-    return None if found is None else (*found, partial[0] if partial else None)
+    if found is None:
+        return None
+    m, why, state, newest = found
+    return m, why, state, partial[0] if partial else None, newest
 
 
 def tier_of(store: Store, key: str) -> str:
