@@ -9,6 +9,7 @@ from typing import Any
 from ..chunks import RepairEvent
 from ..errors import ConfigError
 from . import manifest as mf
+from .lineage import run_of
 from .lossy import LossyReport, check_mode
 from .manifest import Manifest
 from .objectives import ON_BUSY, ObjectivePolicy, Objectives
@@ -95,12 +96,11 @@ class CheckpointInfo:
     def from_manifest(cls, m: Manifest, rec: mf.VerifyRecord | None = None, durable: bool = True,
                       abandoned: bool = False) -> CheckpointInfo:
         status = "unverified" if rec is None else ("ok" if rec.ok else "bad")
-        run = m.metadata.get("run")
         return cls(m.step, m.kind, m.base_step, m.created, m.metrics, m.config, m.logical_bytes,
                    m.stored_bytes, m.written_bytes, len(m.tensors), status,
                    rec.checked_at if rec else None, rec.errors if rec else (),
                    m.metadata.get("code_version"), durable, m.metadata.get("trainstore_version"),
-                   run if isinstance(run, str) else None, abandoned)
+                   run_of(m), abandoned)
 
 
 @dataclass
