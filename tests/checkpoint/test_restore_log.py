@@ -30,11 +30,11 @@ def test_restore_from_the_durable_tier_says_so(tmp_path, caplog):
     tiers = Tiering(str(tmp_path / "hot"), str(tmp_path / "durable"))
     with tiers.manager("run") as mgr:
         mgr.save(1, {"w": torch.ones(4)}, blocking=True)
-    tiers.wait() if hasattr(tiers, "wait") else None
-    tiers.close() if hasattr(tiers, "close") else None
+    tiers.close()  # waits for the durable copy
     # a new machine: an empty hot tier, the checkpoint only in the durable one
     fresh = Tiering(str(tmp_path / "hot2"), str(tmp_path / "durable"))
     with caplog.at_level(logging.INFO, logger="trainstore"), fresh.manager("run") as mgr:
         mgr.restore()
         assert mgr.last_restore.tier.startswith("durable"), mgr.last_restore.tier
+    fresh.close()
     assert any("from durable" in line for line in _lines(caplog)), _lines(caplog)
