@@ -236,9 +236,7 @@ class TrainstoreTrainerMixin:
             check_layout(self.checkpoints.job, self.last_restore.step, head["format"], (DIST_FORMAT,),
                          "TrainstoreTrainer")
             self._resume_step = self.last_restore.step
-            self._resume_dir = tempfile.mkdtemp(prefix=f"trainstore-resume-{self._resume_step}-")
-            self._write_trainer_state(head["trainer_state"])
-            return self._resume_dir
+            return self._write_trainer_state(self.last_restore.step, head["trainer_state"])
         if layout is not None:
             check_layout(self.checkpoints.job, layout[0], layout[1], (STATE_FORMAT, PRETRAINED_FORMAT),
                          "TrainstoreTrainer")
@@ -264,17 +262,18 @@ class TrainstoreTrainerMixin:
                               "TrainstoreTrainer (no Trainer state in it)")
         self.last_restore = result
         self._resume_state = state
-        self._resume_dir = tempfile.mkdtemp(prefix=f"trainstore-resume-{result.step}-")
-        with open(os.path.join(self._resume_dir, TRAINER_STATE_NAME), "w") as f:
-            f.write(state["trainer_state"])
+        resume_dir = self._write_trainer_state(result.step, state["trainer_state"])
         if self._sharded:
             log.warning("step %d was saved by one process: every rank restores its RNG", result.step)
         log.info("resuming from trainstore: %s", result)
-        return self._resume_dir
+        return resume_dir
 
-    def _write_trainer_state(self, state: str) -> None:
+    def _write_trainer_state(self, step: int, trainer_state: str) -> str:
+        """The resume folder of ``step``: the one file the Trainer reads (``trainer_state.json``)."""
+        self._resume_dir = tempfile.mkdtemp(prefix=f"trainstore-resume-{step}-")
         with open(os.path.join(self._resume_dir, TRAINER_STATE_NAME), "w") as f:
-            f.write(state)
+            f.write(trainer_state)
+        return self._resume_dir
 
     def _ours(self, checkpoint: str | None) -> bool:
         return checkpoint is not None and checkpoint == self._resume_dir
