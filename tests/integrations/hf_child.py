@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -78,16 +80,12 @@ def run_trainer(mgr: CheckpointManager, root: str, resume: bool, slow_after: int
     return trainer.model, trainer.optimizer, trainer.lr_scheduler, restored, trainer.state.global_step
 
 
-def run_accelerate(mgr: CheckpointManager, resume: bool, slow_after: int | None) -> tuple:
-    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
-    set_seed(0)
-    model = tiny_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    total = EPOCHS * (ROWS // BATCH)
-    sched = get_linear_schedule_with_warmup(opt, 2, total)
-    dl = DataLoader(Tokens(), batch_size=BATCH, shuffle=True)
-    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
-    ckpt = AcceleratorCheckpoints(acc, mgr, models=[model], optimizers=[opt], schedulers=[sched])
+def accelerate_loop(acc: Accelerator, ckpt: AcceleratorCheckpoints, model: Any, opt: Any, dl: Any, sched: Any,
+                    resume: bool, save_every: int, save_args: Callable[[int, torch.Tensor], dict],
+                    after_step: Callable[[int], Any]) -> tuple[Any, int, int]:
+    """The accelerate loop of these tests (and ``hf_dist_worker``): resumes mid-epoch through
+    ``ckpt`` when ``resume``, saves every ``save_every`` steps with ``save_args(epoch, loss)``;
+    a true ``after_step(step)`` ends it. Returns ``(resumed, start step, last step)``."""
     resumed = ckpt.load() if resume else None
     start = step = resumed.step if resumed is not None else 0
     model.train()
@@ -101,9 +99,27 @@ def run_accelerate(mgr: CheckpointManager, resume: bool, slow_after: int | None)
             sched.step()
             opt.zero_grad()
             step += 1
-            if step % SAVE_EVERY == 0:
-                ckpt.save(step, metrics={"loss": loss.item()}, position={"epoch": epoch})
-            beacon(step, slow_after)
+            if step % save_every == 0:
+                ckpt.save(step, **save_args(epoch, loss))
+            if after_step(step):
+                return resumed, start, step
+    return resumed, start, step
+
+
+def run_accelerate(mgr: CheckpointManager, resume: bool, slow_after: int | None) -> tuple:
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    set_seed(0)
+    model = tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    total = EPOCHS * (ROWS // BATCH)
+    sched = get_linear_schedule_with_warmup(opt, 2, total)
+    dl = DataLoader(Tokens(), batch_size=BATCH, shuffle=True)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    ckpt = AcceleratorCheckpoints(acc, mgr, models=[model], optimizers=[opt], schedulers=[sched])
+    resumed, start, step = accelerate_loop(acc, ckpt, model, opt, dl, sched, resume, SAVE_EVERY,
+                                           lambda epoch, loss: {"metrics": {"loss": loss.item()},
+                                                                "position": {"epoch": epoch}},
+                                           lambda step: beacon(step, slow_after))
     mgr.wait()
     return acc.unwrap_model(model), opt, sched, (start if resume else -1), step
 

@@ -25,7 +25,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch  # noqa: E402
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, set_seed  # noqa: E402
-from hf_child import BATCH, EPOCHS, Tokens, tiny_model  # noqa: E402 - the single-process tests' model and data
+from hf_child import BATCH, EPOCHS, Tokens, accelerate_loop, tiny_model  # noqa: E402 - the single-process tests' model, data, loop
 from transformers import TrainerCallback, TrainingArguments  # noqa: E402
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
@@ -170,26 +170,10 @@ def accel(rank: int, world: int, args: dict) -> dict:
     dl = DataLoader(Tokens(), batch_size=BATCH, shuffle=True)
     model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
     ckpt = AcceleratorCheckpoints(acc, mgr, models=[model], optimizers=[opt], schedulers=[sched])
-    resumed = ckpt.load() if args.get("resume") else None
-    start = step = resumed.step if resumed is not None else 0
     stop_at = args.get("stop_at")
-    model.train()
-    for epoch in range(start // len(dl), EPOCHS):
-        dl.set_epoch(epoch)
-        batches = ckpt.batches(dl, resumed) if resumed is not None and epoch == start // len(dl) else dl
-        for batch in batches:
-            loss = model(**batch).loss
-            acc.backward(loss)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-            step += 1
-            if step % SAVE_EVERY == 0:
-                ckpt.save(step, position={"epoch": epoch, "rank": rank})
-            if stop_at is not None and step >= stop_at:
-                break
-        if stop_at is not None and step >= stop_at:
-            break
+    resumed, _, step = accelerate_loop(acc, ckpt, model, opt, dl, sched, bool(args.get("resume")), SAVE_EVERY,
+                                       lambda epoch, loss: {"position": {"epoch": epoch, "rank": rank}},
+                                       lambda step: stop_at is not None and step >= stop_at)
     mgr.wait()
     params = {k: _local(v).detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
     optim = {f"{i}/{k}": _local(v).detach().clone() for i, s in opt.state_dict()["state"].items()
