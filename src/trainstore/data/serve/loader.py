@@ -18,13 +18,9 @@ the last batch returned, with the same or another world size.
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,9 +31,8 @@ from ...devicecopy import CopyFence, cuda_available, to_device
 from ...errors import ConfigError
 from ..layouts import PARQUET
 from .dataset import Dataset, DatasetConfig
-from .decodeahead import DecodeAhead
+from .epochrun import EpochRun
 from .exchange import ExchangeStep, RowExchange
-from .fill import FillPlan, ShardFiller
 from .meter import IOWaitMeter, MeterConfig
 from .sampler import PlanSpec
 from .source import EpochPlan, ServeSource
@@ -161,8 +156,8 @@ class Loader:
         self._segments: list[tuple[int, int]] = []
         self.meter = IOWaitMeter(meter, metrics_registry, {"rank": str(self.rank)})
         self.metrics_registry = self.meter.registry
-        self._active: _EpochRun | None = None
-        self._ahead: tuple[tuple, _EpochRun] | None = None
+        self._active: EpochRun | None = None
+        self._ahead: tuple[tuple, EpochRun] | None = None
         self._cursor = dataset.start_cursor()  # the source's position (a mixture's stream), or None
         stream_bytes = dataset.source_bytes
         self._evict_done = dataset.cache_limit < stream_bytes
@@ -201,13 +196,13 @@ class Loader:
         stream = streams[self.rank]
         return [stream[i:i + B] for i in range(0, len(stream), B)]
 
-    def _next_epoch_run(self, cursor: dict | None, current: _EpochRun) -> _EpochRun:
+    def _next_epoch_run(self, cursor: dict | None, current: EpochRun) -> EpochRun:
         """Start assembling the next epoch's first batches (its plan is already fixed), so the
         epoch boundary does not drain the pipeline. When the node cache cannot hold the dataset,
         the next epoch's fetches wait until ``current`` has copied out every shard it reads: its
         fills would otherwise evict shards ``current`` still needs (fetched twice)."""
         plan = self.dataset.plan_epoch(self.spec, self.epoch + 1, cursor, [], self.world_size)
-        return _EpochRun(self, self._batches(plan), 0, plan,
+        return EpochRun(self, self._batches(plan), 0, plan,
                          after=current.gathered_all if self._evict_done else None)
 
     def __iter__(self) -> Iterator[Any]:
@@ -222,7 +217,7 @@ class Loader:
             if ahead is not None:
                 ahead[1].close()
             plan = self._plan()
-            run = _EpochRun(self, self._batches(plan), self._position, plan)
+            run = EpochRun(self, self._batches(plan), self._position, plan)
         if run.cursor is not None:  # the cursor as planned: with what planning recorded (a callable's weights)
             self._cursor = run.cursor
         self._active = run
@@ -251,7 +246,7 @@ class Loader:
             if self._active is run:
                 self._active = None
 
-    def _account_epoch(self, run: _EpochRun) -> None:
+    def _account_epoch(self, run: EpochRun) -> None:
         """Bytes this epoch fetched from the durable store vs one copy of its shards (what the
         run ahead already fetched for the next epoch is carried over to it)."""
         now = self.dataset.cache.stats.bytes_fetched
@@ -342,176 +337,6 @@ class Loader:
         if self.collate is not None:
             return self.collate(arrays), nbytes, fence
         return arrays, nbytes, fence
-
-
-_RUN_SEQ = itertools.count()
-
-
-class _EpochRun:
-    """Background assembly of one epoch's batches for one rank."""
-
-    def __init__(self, loader: Loader, batches: list[np.ndarray] | list[ExchangeStep], start: int,
-                 plan: EpochPlan, after: threading.Event | None = None) -> None:
-        self.loader = loader
-        self.cursor, self.next_cursor = plan.cursor, plan.next_cursor  # the source's, for this epoch and the next
-        self.ds = loader.dataset
-        self.exchange = loader._exchange
-        self.batches = batches
-        self.next_index = start
-        self.start = start
-        self._closed = threading.Event()
-        cfg = loader.config
-        self.pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="trainstore-batch")
-        self.pending: deque[Future] = deque()
-        self.submitted = start
-        offsets = self.ds.offsets
-        # shards each remaining batch needs, and the last batch that needs each shard
-        self.needs: list[np.ndarray] = []
-        last_use: dict[int, int] = {}
-        first_use: dict[int, int] = {}
-        order: list[int] = []
-        for b in range(start, len(batches)):
-            rows = batches[b].reads if isinstance(batches[b], ExchangeStep) else batches[b]
-            shards = np.unique(np.searchsorted(offsets, rows, side="right") - 1)
-            self.needs.append(shards)
-            for s in shards.tolist():
-                if s not in last_use:
-                    order.append(s)
-                    first_use[s] = b
-                last_use[s] = b
-        self.last_use = last_use
-        self.done_with: dict[int, list[int]] = {}
-        for s, b in last_use.items():
-            self.done_with.setdefault(b, []).append(s)
-        # batches still to assemble that read each shard: at 0 its rows are copied out, and
-        # its fill-ahead pin and node-cache copy are let go before the batch is consumed
-        self._left: dict[int, set[int]] = {}
-        for b, shards in enumerate(self.needs, start):
-            for s in shards.tolist():
-                self._left.setdefault(s, set()).add(b)
-        self._left_mu = threading.Lock()
-        self._shards_left = len(self._left)
-        # block mode: the node cache evicts the shards this run reads next last (a full shuffle
-        # reads nearly every shard until the epoch's end: there LRU decides; a Mixture has no hint)
-        block = loader.config.shuffle_mode == "block"
-        self._want = getattr(self.ds, "want_shard", None) if block else None
-        self._unwant = getattr(self.ds, "unwant_shard", None) if block else None
-        self._seq = next(_RUN_SEQ) * float(1 << 32)  # a run ahead's uses come after this one's
-        if self._want is not None:
-            for s, users in self._left.items():
-                self._want(s, self._seq + min(users), id(self))
-        #: set once every shard this run reads is copied out (a run ahead may fetch from then)
-        self.gathered_all = threading.Event()
-        if not self._shards_left:
-            self.gathered_all.set()
-        self._after = after
-        self.needed_bytes = sum(self.ds.shards[x].bytes for x in order)
-        # shard fill-ahead (serve.fill): pins held to the end of a block window, else first use
-        release = last_use if cfg.shuffle_mode == "block" else first_use
-        self.filler = ShardFiller(
-            self.ds, FillPlan(tuple(order), dict(release)), loader._fill_budget,
-            concurrency=cfg.fill_concurrency, retries=cfg.prefetch_retries, after=after,
-            backoff_s=cfg.prefetch_backoff_s, on_all_filled=loader.meter.mark_warm,
-        )
-        # Parquet: row groups decoded ahead of the batch threads (serve.decodeahead)
-        rows = [b.reads if isinstance(b, ExchangeStep) else b for b in batches]
-        self.decoders = [DecodeAhead(ds, part, start, threads=cfg.decode_ahead)
-                         for ds, part in (self.ds.decode_sources(rows) if cfg.decode_ahead else [])]
-        self._top_up()
-
-    def all_submitted(self) -> bool:
-        return self.submitted >= len(self.batches)
-
-    def _top_up(self) -> None:
-        depth = self.loader.config.prefetch + 1
-        while len(self.pending) < depth and self.submitted < len(self.batches):
-            self.pending.append(self.pool.submit(self._assemble, self.submitted))
-            self.submitted += 1
-
-    def _assemble(self, b: int) -> tuple[Any, int, CopyFence | None]:
-        if self._after is not None:  # a run ahead: wait for the current run's last shard
-            while not self._after.wait(0.05):
-                if self._closed.is_set():
-                    break
-        if self._closed.is_set():
-            raise RuntimeError("loader closed")
-        item = self.batches[b]
-        if isinstance(item, ExchangeStep):
-            gathered = self.exchange.gather(item)
-            self._assembled(b)
-            return gathered, 0, None  # sent in next(), in batch order
-        return self.loader._finish(self.ds.take(item, gathered=lambda s: self._gathered(s, b)))
-
-    def _assembled(self, b: int) -> None:
-        for s in self.needs[b - self.start].tolist():
-            self._gathered(s, b)
-
-    def _gathered(self, s: int, b: int) -> None:
-        """A batch copied out its rows of shard ``s``: once no batch still to assemble reads it,
-        it is done with. When the node cache cannot hold the dataset it is unpinned and dropped
-        now, so fill-ahead gets the room at once, not when that batch is consumed (up to
-        prefetch + 1 batches later, by when the next batches have fetched other shards in its
-        place); when it can, the pin stays until then as before (the copy serves the next epoch)."""
-        with self._left_mu:
-            users = self._left[s]
-            users.discard(b)
-            if users:
-                if self._want is not None:
-                    self._want(s, self._seq + min(users), id(self))
-                return
-            self._shards_left -= 1
-            if not self._shards_left:
-                self.gathered_all.set()
-        if self._unwant is not None:
-            self._unwant(s, id(self))
-        if self.loader._evict_done:  # the cache cannot hold the dataset: make room now
-            self.filler.shard_done(s)
-            self.ds.close_shard(s, evict=True)
-
-    def next(self) -> tuple[Any, int, CopyFence | None] | None:
-        if self.filler.error is not None:  # the shard thread stopped: say so now, not silently
-            err, self.filler.error = self.filler.error, None
-            raise err
-        for decoder in self.decoders:  # from the first batch asked for (a run ahead waits)
-            decoder.start()
-        if not self.pending:
-            self._top_up()
-            if not self.pending:
-                return None
-        fut = self.pending.popleft()
-        b = self.next_index
-        self.next_index += 1
-        result = fut.result()
-        item = self.batches[b]
-        if isinstance(item, ExchangeStep):  # the collective, in the iterating thread
-            result = self.loader._finish(self.exchange.exchange(item, result[0]))
-        self._retire(b)
-        self._top_up()
-        return result
-
-    def _retire(self, b: int) -> None:
-        self.filler.batch_consumed(b)
-        for decoder in self.decoders:
-            decoder.batch_consumed(b)
-        for s in self.done_with.get(b, []):  # not needed again this epoch
-            self.ds.close_shard(s, evict=self.loader._evict_done)
-
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        for f in self.pending:
-            f.cancel()
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        for decoder in self.decoders:
-            decoder.close()
-        self.filler.close()
-        self.gathered_all.set()  # fetches nothing more: a run ahead waiting on it may start
-        if self._unwant is not None:
-            with self._left_mu:
-                left = [s for s, users in self._left.items() if users]
-            for s in left:
-                self._unwant(s, id(self))
 
 
 __all__ = ["Loader", "LoaderConfig"]
