@@ -37,7 +37,7 @@ from .open_shard import column_spec
 from .options import CACHE_FREE_FRACTION, DatasetConfig, default_cache_limit, resolve_cache_dir
 from .parquet import ParquetRows
 from .rowgroups import DecodedGroups
-from .shardpins import ServedShard, ShardPins
+from .shardpins import ServedShard, ShardPins, source_tags
 from .source import SamplerPlanned
 
 
@@ -103,6 +103,7 @@ class Dataset(ShardPins, SamplerPlanned):
                 f"cache limit {self.cache_limit} bytes is smaller than shard {big.key} "
                 f"({big.bytes} bytes) of {self.version.id}; raise cache_limit"
             )
+        self._source_tags = source_tags(self.version)  # read on every pin: worked out once
         self._reset_process_state()
 
     @classmethod
@@ -158,7 +159,7 @@ class Dataset(ShardPins, SamplerPlanned):
         self._open_budget = max(budget, self.max_shard_bytes)
         self._ranges = (ParquetRows(self.store, self.shards, self._specs, self._open_budget, self._footers,
                                     window_floor=self.config.max_open_bytes is None, verify=self.config.verify,
-                                    source_tags=self._source_tags())
+                                    source_tags=self._source_tags)
                         if self.layout is PARQUET else None)
 
     def __getstate__(self) -> dict:

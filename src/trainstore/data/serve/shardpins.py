@@ -29,6 +29,12 @@ from .parquet import CachedParquetShard, ParquetRows
 ServedShard = OpenShard | CachedParquetShard
 
 
+def source_tags(version: DatasetVersion) -> dict[str, str]:
+    """The content tags an external ``version``'s files were listed with, by key (else empty)."""
+    tags = version.extra.get(SOURCE_TAGS) if version.operation == "external" else None
+    return {k: v for k, v in tags.items() if isinstance(v, str)} if isinstance(tags, dict) else {}
+
+
 class ShardPins:
     """The shard side of a ``Dataset`` (its attributes are set by ``Dataset``)."""
 
@@ -45,6 +51,7 @@ class ShardPins:
     _open_budget: int
     _ranges: ParquetRows | None
     _pressure_hooks: list[Callable[[], None]]
+    _source_tags: dict[str, str]  # external shard key -> content tag as listed
 
     if TYPE_CHECKING:  # the Dataset's
 
@@ -166,19 +173,15 @@ class ShardPins:
         """What the node cache verifies a fill against (external files have no checksum)."""
         return (info.checksum or None) if self.config.verify else None
 
-    def _source_tags(self) -> dict[str, str]:
-        tags = self.version.extra.get(SOURCE_TAGS) if self.version.operation == "external" else None
-        return {k: v for k, v in tags.items() if isinstance(v, str)} if isinstance(tags, dict) else {}
-
     def source_tag(self, shard: int) -> str | None:
         """The content tag external ``shard`` was listed with (``nodecache.source``): the node
         cache serves only that content of the file. None for trainstore's own shards (BLAKE3)."""
         info = self.shards[shard]
-        return None if info.checksum else self._source_tags().get(info.key)
+        return None if info.checksum else self._source_tags.get(info.key)
 
     def cached(self, shard: int) -> bool:
         """Whether ``shard`` (the content this dataset serves) is in the node cache."""
         return self.cache.contains(self.shards[shard].key, tag=self.source_tag(shard))
 
 
-__all__ = ["ServedShard", "ShardPins"]
+__all__ = ["ServedShard", "ShardPins", "source_tags"]
