@@ -21,7 +21,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -57,12 +57,11 @@ class Dataset(ShardPins, SamplerPlanned):
     ) -> None:
         cfg = config or DatasetConfig()
         if cache_dir is not None or cache_limit is not None or columns is not None:
-            cfg = DatasetConfig(
+            cfg = replace(
+                cfg,
                 cache_dir=os.fspath(cache_dir) if cache_dir is not None else cfg.cache_dir,
                 cache_limit=cache_limit if cache_limit is not None else cfg.cache_limit,
                 columns=tuple(columns) if columns is not None else cfg.columns,
-                max_open_bytes=cfg.max_open_bytes, verify=cfg.verify,
-                capacity_wait_s=cfg.capacity_wait_s,
             )
         self.config = cfg
         self._store_options = store_options

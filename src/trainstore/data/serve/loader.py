@@ -30,7 +30,7 @@ from ...bytebudget import ByteBudget
 from ...devicecopy import CopyFence, cuda_available, to_device
 from ...errors import ConfigError
 from ..layouts import PARQUET
-from .dataset import Dataset, DatasetConfig
+from .dataset import Dataset
 from .epochrun import EpochRun
 from .exchange import ExchangeStep, RowExchange
 from .meter import IOWaitMeter, MeterConfig
@@ -124,16 +124,8 @@ class Loader:
             raise ConfigError(f"cache_dir, cache_limit and exchange apply to one Dataset; {dataset.source_id}: "
                               "set the cache on each source dataset (exchange mode serves one dataset)")
         if isinstance(dataset, Dataset) and (cache_dir is not None or cache_limit is not None):
-            c = dataset.config
-            dataset = Dataset(
-                dataset.store, dataset.version,
-                config=DatasetConfig(
-                    cache_dir=os.fspath(cache_dir) if cache_dir is not None else c.cache_dir,
-                    cache_limit=cache_limit if cache_limit is not None else c.cache_limit,
-                    columns=c.columns, max_open_bytes=c.max_open_bytes, verify=c.verify,
-                    capacity_wait_s=c.capacity_wait_s,
-                ),
-            )
+            dataset = Dataset(dataset.store, dataset.version, cache_dir=cache_dir, cache_limit=cache_limit,
+                              config=dataset.config)
         self.dataset = dataset
         if shuffle_mode is None:  # the default: full shuffle; Parquet shards are told once what fits them
             shuffle_mode = "full"
