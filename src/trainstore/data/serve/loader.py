@@ -271,8 +271,12 @@ class Loader:
             "world_size": self.world_size,
             "segments": [list(s) for s in self._segments],
             "cursor": self._cursor,
-            "spec": {k: v for k, v in asdict(self.spec).items() if k not in ("shard_rows", "num_samples")},
+            "spec": self._spec_state(),
         }
+
+    def _spec_state(self) -> dict:
+        """The plan settings a state must match (the row counts are checked on their own)."""
+        return {k: v for k, v in asdict(self.spec).items() if k not in ("shard_rows", "num_samples")}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a ``state_dict()``: the next batch is the one after the last returned.
@@ -288,7 +292,7 @@ class Loader:
                 f"this loader reads {self.dataset.source_id} ({len(self.dataset)} rows)"
             )
         spec = dict(state["spec"])
-        ours = {k: v for k, v in asdict(self.spec).items() if k not in ("shard_rows", "num_samples")}
+        ours = self._spec_state()
         if spec != ours:
             diff = {k: (spec.get(k), ours.get(k)) for k in ours if spec.get(k) != ours.get(k)}
             raise ConfigError(f"loader state was saved with other settings (saved, now): {diff}")
