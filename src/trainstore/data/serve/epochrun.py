@@ -59,31 +59,26 @@ class EpochRun:
         self.pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="trainstore-batch")
         self.pending: deque[Future] = deque()
         self.submitted = start
-        offsets = self.ds.offsets
-        # shards each remaining batch needs, and the last batch that needs each shard
+        # each batch's rows of the source (an exchange step: the rows this rank reads for it)
+        rows = [b.reads if isinstance(b, ExchangeStep) else b for b in batches]
+        # shards each remaining batch needs, the first and last batch that needs each shard, and
+        # the batches still to assemble that read each shard: at none its rows are copied out,
+        # and its fill-ahead pin and node-cache copy are let go before the batch is consumed
         self.needs: list[np.ndarray] = []
         last_use: dict[int, int] = {}
         first_use: dict[int, int] = {}
-        order: list[int] = []
+        self._left: dict[int, set[int]] = {}
         for b in range(start, len(batches)):
-            rows = batches[b].reads if isinstance(batches[b], ExchangeStep) else batches[b]
-            shards = np.unique(np.searchsorted(offsets, rows, side="right") - 1)
+            shards = np.unique(np.searchsorted(self.ds.offsets, rows[b], side="right") - 1)
             self.needs.append(shards)
             for s in shards.tolist():
-                if s not in last_use:
-                    order.append(s)
-                    first_use[s] = b
+                first_use.setdefault(s, b)
                 last_use[s] = b
-        self.last_use = last_use
+                self._left.setdefault(s, set()).add(b)
+        order = list(first_use)  # shards in order of first use
         self.done_with: dict[int, list[int]] = {}
         for s, b in last_use.items():
             self.done_with.setdefault(b, []).append(s)
-        # batches still to assemble that read each shard: at 0 its rows are copied out, and
-        # its fill-ahead pin and node-cache copy are let go before the batch is consumed
-        self._left: dict[int, set[int]] = {}
-        for b, shards in enumerate(self.needs, start):
-            for s in shards.tolist():
-                self._left.setdefault(s, set()).add(b)
         self._left_mu = threading.Lock()
         self._shards_left = len(self._left)
         # block mode: the node cache evicts the shards this run reads next last (a full shuffle
@@ -109,7 +104,6 @@ class EpochRun:
             backoff_s=cfg.prefetch_backoff_s, on_all_filled=loader.meter.mark_warm,
         )
         # Parquet: row groups decoded ahead of the batch threads (serve.decodeahead)
-        rows = [b.reads if isinstance(b, ExchangeStep) else b for b in batches]
         self.decoders = [DecodeAhead(ds, part, start, threads=cfg.decode_ahead)
                          for ds, part in (self.ds.decode_sources(rows) if cfg.decode_ahead else [])]
         self._top_up()
