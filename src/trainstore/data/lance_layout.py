@@ -10,6 +10,7 @@ own take for chosen rows (``take``). Writing Lance files is Lance's job: ``encod
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
@@ -18,12 +19,19 @@ from ..errors import ConfigError
 from .layouts import ShardFile, ShardLayout, ShardSource, register_layout
 
 
-def _reader(path: str) -> Any:
+def import_lance(what: str = "serving a Lance dataset") -> ModuleType:
+    """The ``lance`` module (pylance, an optional extra, imported on use); ``ConfigError`` saying
+    how to install it if it is missing."""
     try:
-        from lance.file import LanceFileReader  # noqa: PLC0415 - optional extra, imported on use
+        import lance  # noqa: PLC0415
+        import lance.file  # noqa: PLC0415
     except ImportError:
-        raise ConfigError("serving a Lance dataset needs pylance (pip install 'trainstore[lance]')") from None
-    return LanceFileReader(path)
+        raise ConfigError(f"{what} needs pylance (pip install 'trainstore[lance]')") from None
+    return lance
+
+
+def _reader(path: str) -> Any:
+    return import_lance().file.LanceFileReader(path)
 
 
 class _LanceFile(ShardFile):
@@ -76,4 +84,4 @@ class LanceLayout(ShardLayout):
 
 LANCE = register_layout(LanceLayout())
 
-__all__ = ["LANCE", "LanceLayout"]
+__all__ = ["LANCE", "LanceLayout", "import_lance"]

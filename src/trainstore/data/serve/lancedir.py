@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ...errors import ConfigError, NotFoundError
 from ...store import ObjectMeta, Store
+from ..lance_layout import import_lance
 from ..versions import ShardInfo
 
 VERSIONS = "_versions/"
@@ -28,11 +29,7 @@ def is_lance_folder(keys: set[str]) -> bool:
 
 def describe_lance(store: Store, listed: dict[str, ObjectMeta]) -> tuple[pa.Schema, list[ShardInfo]]:
     """(schema, shards) of the Lance dataset at the store's root (latest version)."""
-    try:
-        import lance  # noqa: PLC0415 - optional extra, imported on use
-    except ImportError:
-        raise ConfigError(f"{store.url} is a Lance dataset: serving it needs pylance "
-                          "(pip install 'trainstore[lance]')") from None
+    lance = import_lance(f"{store.url} is a Lance dataset: serving it")
     with tempfile.TemporaryDirectory(prefix="trainstore-lance-") as tmp:
         for key in (k for k in listed if k.startswith(VERSIONS)):
             path = os.path.join(tmp, *key.split("/"))
