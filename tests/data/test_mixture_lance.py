@@ -12,6 +12,7 @@ import pytest
 
 from trainstore import open_store
 from trainstore.data import Dataset, Loader, Mixture
+from trainstore.data.lance_layout import LANCE
 from trainstore.data.serve import write_arrow_dataset
 from trainstore.errors import ConfigError
 
@@ -100,3 +101,10 @@ def test_lance_with_deleted_rows_or_split_columns_is_refused(tmp_path):
     lance.dataset(str(tmp_path / "split")).add_columns({"y": "idx * 2"})
     with pytest.raises(ConfigError, match="spreads its columns over 2 data files"):
         Dataset.open(str(tmp_path / "split"), cache_dir=tmp_path / "hot")
+
+
+def test_lance_file_take_keeps_the_order_asked(tmp_path):
+    write_lance(tmp_path / "ds", n=40, rows_per_file=40)
+    data = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "ds" / "data") for f in fs if f.endswith(".lance")]
+    f = LANCE.open(data[0])
+    assert f.take([31, 2, 17, 2]).column("idx").to_pylist() == [31, 2, 17, 2]

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
@@ -65,8 +66,10 @@ class _LanceFile(ShardFile):
         return self._reader.read_range(start, max(0, stop - start)).to_table()
 
     def take(self, rows: Sequence[int]) -> pa.Table:
-        """Rows by Lance's own take (ascending order, as Lance's file API asks)."""
-        return self._reader.take_rows(sorted(int(r) for r in rows)).to_table()
+        """Rows in the order asked, by Lance's own take (which wants them ascending and unique)."""
+        wanted = np.asarray(rows, dtype=np.int64)
+        unique, back = np.unique(wanted, return_inverse=True)
+        return self._reader.take_rows(unique.tolist()).to_table().take(pa.array(back))
 
     def byte_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
         raise ConfigError("byte ranges of a Lance file are Lance's own business: read it from a local copy")
