@@ -17,7 +17,8 @@ per repeat), medians reported:
 
 Per save, on rank 0: **blocking** = the time ``_save_checkpoint`` held the training loop
 (the slowest rank's is reported too); **durable** = from the save's start until it is
-committed (``hf``: the same as blocking, its writes are synchronous - and not fsynced;
+committed (``hf``: blocking plus an fsync of the files it wrote - its writes are synchronous
+but never fsynced, so without that they are not durable; the unsynced figure is blocking;
 ``trainstore``: until the save handle completes: every rank's chunks written, manifest
 committed). FSDP2 on CPU: accelerate has no CPU FSDP path (``use_cpu`` runs DDP), so the
 Trainer's accelerator is switched to FSDP2 as a GPU run builds it (``force_fsdp2``), as in the
@@ -36,6 +37,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from durable import fsync_new_files  # benchmarks/, the script's folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -74,12 +77,12 @@ def rank_main(a: argparse.Namespace) -> None:
             self.waiters: list[threading.Thread] = []
 
         def _save_checkpoint(self, model, trial) -> None:  # noqa: ANN001
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time()
             super()._save_checkpoint(model, trial)
             self.blocking.append(time.perf_counter() - t0)
             handle = getattr(self, "last_save", None)
-            if handle is None:
-                self.durable.append(self.blocking[-1])
+            if handle is None:  # the Trainer's folder: durable once its files are fsynced (it never does)
+                self.durable.append(self.blocking[-1] + fsync_new_files(self.args.output_dir, wall0))
                 return
             slot = len(self.durable)
             self.durable.append(float("nan"))
@@ -109,8 +112,9 @@ def rank_main(a: argparse.Namespace) -> None:
     if a.kind == "hf":
         trainer = TimedTrainer(model=model, args=args, train_dataset=data)
     else:
-        mgr = CheckpointManager(f"file://{a.root}/store", "bench",
-                                CheckpointPolicy(full_every=4 * a.save_steps, incremental_every=1))
+        policy = CheckpointPolicy(full_every=4 * a.save_steps, incremental_every=1) if a.policy == "incremental" \
+            else CheckpointPolicy(full_every=1, incremental_every=None)
+        mgr = CheckpointManager(f"file://{a.root}/store", "bench", policy)
         trainer = TimedTrainstoreTrainer(model=model, args=args, train_dataset=data, checkpoints=mgr)
     if a.mode == "fsdp":
         force_fsdp2(trainer)
@@ -133,6 +137,11 @@ def rank_main(a: argparse.Namespace) -> None:
         with open(a.out, "w") as f:
             json.dump(out, f)
     dist.destroy_process_group()
+    # torch 2.13's gloo group can deadlock when DDP's Reducer frees it at exit (its worker waits
+    # for the GIL the freeing thread holds): leave without running destructors, results are written
+    sys.stdout.flush()
+    os._exit(0)
+
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -146,7 +155,7 @@ def launch(a: argparse.Namespace, kind: str, mode: str, world: int) -> dict:
                "127.0.0.1", "--master_port", str(port), "--max_restarts", "0", os.path.abspath(__file__), "--rank-run",
                "--kind", kind, "--mode", mode, "--root", root, "--out", out, "--steps", str(a.steps),
                "--save-steps", str(a.save_steps), "--batch", str(a.batch), "--embd", str(a.embd),
-               "--layers", str(a.layers), "--vocab", str(a.vocab), "--seq", str(a.seq)]
+               "--layers", str(a.layers), "--policy", a.policy, "--vocab", str(a.vocab), "--seq", str(a.seq)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
         if p.returncode != 0 or not os.path.exists(out):
@@ -188,6 +197,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--policy", choices=["incremental", "full"], default="incremental",
+                    help="trainstore: a full save every 4th, incremental between (default), or every save full")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 ranks, tiny model, 1 repeat")
     a = ap.parse_args()

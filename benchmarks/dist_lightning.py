@@ -18,7 +18,8 @@ data with ``ModelCheckpoint(every_n_train_steps=E, save_top_k=-1)``. Two kinds, 
 Per save, on rank 0: **blocking** = the time ``Trainer.save_checkpoint`` held the training
 loop (building the dict included, for both; it ends with Lightning's barrier, so it is the
 slowest rank's); **durable** = from the save's start until it is committed (``lightning``:
-the same as blocking, its writes are synchronous - and not fsynced; ``trainstore``: until the
+blocking plus an fsync of the files it wrote - its writes are synchronous but never fsynced;
+``trainstore``: until the
 step's manifest exists in the store). Output: one JSON line per run, then a JSON summary
 (medians, ratios trainstore/lightning; goal: blocking <= 0.2x, durable <= 1.0x).
 """
@@ -34,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from durable import fsync_new_files  # benchmarks/, the script's folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -96,13 +99,13 @@ def rank_main(a: argparse.Namespace) -> None:
         durable.append(time.perf_counter() - t0)
 
     def save_checkpoint(*args: object, **kwargs: object) -> None:  # the benchmark's probe, on this Trainer only
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         inner(*args, **kwargs)
         blocking.append(time.perf_counter() - t0)
         if trainer.global_rank != 0:
             return
-        if store is None:
-            durable.append(blocking[-1])
+        if store is None:  # Lightning's files: durable once fsynced (it never does)
+            durable.append(blocking[-1] + fsync_new_files(os.path.join(a.root, "ckpts"), wall0))
         else:
             t = threading.Thread(target=until_committed, args=(trainer.global_step, t0), daemon=True)
             t.start()
@@ -122,6 +125,10 @@ def rank_main(a: argparse.Namespace) -> None:
         with open(a.out, "w") as f:
             json.dump({"world": a.world, "mode": a.mode, "kind": a.kind, "params": params, "saves": len(blocking),
                        "blocking_s": blocking, "durable_s": durable, "fit_s": fit_s}, f)
+    # as dist_hf.py: a gloo group freed by DDP's Reducer at exit can deadlock on torch 2.13
+    sys.stdout.flush()
+    os._exit(0)
+
 
 
 # -- the driver ---------------------------------------------------------------------------------
