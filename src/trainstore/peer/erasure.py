@@ -38,28 +38,62 @@ def block_len(slice_lens: list[int]) -> int:
     return max([1, *slice_lens])
 
 
-def _padded(data: bytes, n: int) -> bytes:
-    return bytes(data) + b"\0" * (n - len(data))
+#: bytes of each block zfec codes per call: zfec holds the GIL while it runs, so a stripe is
+#: coded in column segments (Reed-Solomon works byte position by byte position: the result is
+#: the same) and the save path's threads get the GIL between them
+SEGMENT = 256 << 10
 
 
-def encode_parity(slices: list[bytes], k: int, g: int, blocknums: list[int]) -> list[bytes]:
+def _segment(data: bytes | bytearray | memoryview, start: int, n: int) -> bytes | memoryview:
+    """Bytes ``start..start+n`` of ``data``, zero-padded past its end (a view when no padding)."""
+    mv = memoryview(data).cast("B")
+    part = mv[start:start + n]
+    if part.nbytes == n:
+        return part
+    return bytes(part) + b"\0" * (n - part.nbytes)
+
+
+def encode_parity(slices: list, k: int, g: int, blocknums: list[int]) -> list[bytearray]:
     """Parity blocks ``blocknums`` (each >= k) of a stripe whose ``k`` data slices are given."""
-    n = block_len([len(s) for s in slices])
-    blocks = tuple(_padded(s, n) for s in slices)
-    return [bytes(b) for b in zfec.Encoder(k, g).encode(blocks, tuple(blocknums))]
+    n = block_len([memoryview(s).nbytes for s in slices])
+    out = [bytearray(n) for _ in blocknums]
+    enc = zfec.Encoder(k, g)
+    for a in range(0, n, SEGMENT):
+        w = min(SEGMENT, n - a)
+        for o, b in zip(out, enc.encode(tuple(_segment(s, a, w) for s in slices), tuple(blocknums)), strict=True):
+            o[a:a + w] = b
+    return out
 
 
-def decode_stripe(blocks: dict[int, bytes], k: int, g: int, slice_lens: list[int]) -> list[bytes]:
-    """The ``k`` data slices of a stripe from any ``k`` of its blocks (``{blocknum: bytes}``)."""
+def decode_stripe(blocks: dict[int, bytes], k: int, g: int, slice_lens: list[int],
+                  want: list[int] | None = None) -> list[bytes]:
+    """The data slices ``want`` (default: all ``k``) of a stripe from any ``k`` of its blocks
+    (``{blocknum: bytes}``), in ``want`` order."""
     if len(blocks) < k:
         raise IntegrityError(f"a stripe needs {k} of its {g} blocks to decode, {len(blocks)} are left")
     n = block_len(slice_lens)
     nums = sorted(blocks)[:k]
     for j in nums:
-        if len(blocks[j]) != n:
-            raise IntegrityError(f"block {j} of a stripe has {len(blocks[j])} bytes, the stripe's blocks {n}")
-    out = zfec.Decoder(k, g).decode(tuple(blocks[j] for j in nums), tuple(nums))
-    return [bytes(b)[:ln] for b, ln in zip(out, slice_lens, strict=True)]
+        if memoryview(blocks[j]).nbytes != n:
+            raise IntegrityError(f"block {j} of a stripe has {memoryview(blocks[j]).nbytes} bytes, the stripe's "
+                                 f"blocks {n}")
+    want = list(range(k)) if want is None else want
+    views = {j: memoryview(blocks[j]).cast("B") for j in nums}
+    out: list[bytes] = []
+    missing = [t for t in want if t not in views]
+    decoded = {t: bytearray(slice_lens[t]) for t in missing}
+    if missing:
+        dec = zfec.Decoder(k, g)
+        for a in range(0, n, SEGMENT):
+            w = min(SEGMENT, n - a)
+            got = dec.decode(tuple(views[j][a:a + w] for j in nums), tuple(nums))
+            for t in missing:
+                hi = min(w, slice_lens[t] - a)
+                if hi > 0:
+                    decoded[t][a:a + hi] = got[t][:hi]
+    for t in want:
+        out.append(decoded[t] if t in decoded else views[t][:slice_lens[t]])
+    return out
 
 
 __all__ = ["block_len", "decode_stripe", "encode_parity", "slice_span", "stripe_node", "stripe_of"]

@@ -14,8 +14,10 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..checkpoint import manifest as mf
@@ -24,6 +26,10 @@ from .context import PeerContext
 from .erasure import block_len, decode_stripe, slice_span
 from .plan import Plan, inventory, make_plan, own_slice, rec_from_json
 from .transport import Piece
+
+Buffer = bytes | bytearray | memoryview
+#: threads that check and write rebuilt chunks (their hashing and fsyncs overlap)
+_WRITERS = 4
 
 log = logging.getLogger("trainstore.peer")
 
@@ -42,6 +48,7 @@ class RecoveryReport:
     corrupt: int = 0
     reason: str = ""
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase on this node
 
     def __str__(self) -> str:
         b = ", ".join(f"{k} {v}" for k, v in self.bytes.items())
@@ -57,6 +64,7 @@ def recover(ctx: PeerContext) -> RecoveryReport:
     candidates = sorted({s for i in infos for s in i["protected"]}, reverse=True)
     reasons = []
     for step in candidates:
+        t = time.perf_counter()
         lost = [n for n in range(ctx.nodes) if step not in infos[n]["own"]]
         refs = _refs(ctx, step, lost)
         invs = ctx.transport.all_gather(inventory(ctx, step, lost, refs))
@@ -64,7 +72,9 @@ def recover(ctx: PeerContext) -> RecoveryReport:
         if plan.missing:
             reasons.append(f"step {step}: {plan.missing}")
             continue
+        planned = time.perf_counter() - t
         report = _execute(ctx, plan, refs)
+        report.phases["plan_s"] = planned
         report.seconds = time.perf_counter() - t0
         report.reason = "; ".join(reasons + [f"step {step} rebuilt from peers" if lost else
                                              f"step {step}: no node lost, every chunk local"])
@@ -110,7 +120,9 @@ def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
                 n = block_len(plan.slice_lens[(s_step, stripe)])
                 out.setdefault(L, []).append(Piece(f"b:{s_step}:{stripe}:{j}", n,
                                                    lambda a=s_step, s=stripe, j=j, n=n: _block(ctx, a, s, j, n)))
+    t = time.perf_counter()
     got = ctx.transport.exchange(out)
+    report.phases["exchange_s"] = time.perf_counter() - t
     if ctx.me in plan.lost:
         _rebuild(ctx, plan, got, report)
     else:
@@ -147,50 +159,93 @@ def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, bytes]
         ctx.pieces.put_record(rec)
     wanted = recs[0].keys
     durable = set(plan.durable.get(ctx.me, []))
+    pool = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="trainstore-peer-rebuild")
+    jobs: list[tuple[str, str, int, Future]] = []
 
-    def keep(key: str, data: bytes, source: str) -> None:
+    def check_and_put(key: str, data: Buffer) -> None:
         ref = refs.get(key)
-        try:
-            if ref is None:
-                raise TrainstoreError(f"chunk {key} is not referenced by step {plan.step}")
-            ctx.chunks.check(ref, data, key=key)
-        except TrainstoreError as exc:
-            log.warning("peer recovery: %s; it will be read from the durable tier", exc)
-            report.corrupt += 1
-            durable.add(key)
-            return
+        if ref is None:
+            raise TrainstoreError(f"chunk {key} is not referenced by step {plan.step}")
+        ctx.chunks.check(ref, data, key=key)  # hashing and the write's fsync release the GIL
         ctx.hot.put(key, data)
-        report.bytes[source] += len(data)
 
-    for name, data in items:
-        if name.startswith("c:"):
-            keep(name[2:], data, "peer")
-    blocks: dict[tuple[int, int], dict[int, bytes]] = {}
-    for name, data in items:
-        if name.startswith("b:"):
-            _, a, s, j = name.split(":")
-            blocks.setdefault((int(a), int(s)), {})[int(j)] = data
-    k, g = ctx.policy.data, ctx.policy.group
-    _, pos = ctx.group_of(ctx.me) if ctx.policy.parity else (0, 0)
-    for rec in recs:
-        slices = []
-        for t in range(k if ctx.policy.parity else 0):
-            if slice_span(rec.bundle_len, k, t)[1] == 0:
+    queued: set[str] = set()
+
+    def keep(key: str, data: Buffer, source: str) -> None:  # checked and written on the pool, overlapped
+        if key in queued:
+            return
+        queued.add(key)
+        jobs.append((key, source, memoryview(data).nbytes, pool.submit(check_and_put, key, data)))
+
+    try:
+        t = time.perf_counter()
+        for name, data in items:
+            if name.startswith("c:"):
+                keep(name[2:], data, "peer")
+        blocks: dict[tuple[int, int], dict[int, Buffer]] = {}
+        for name, data in items:
+            if name.startswith("b:"):
+                _, a, s, j = name.split(":")
+                blocks.setdefault((int(a), int(s)), {})[int(j)] = data
+        k, g = ctx.policy.data, ctx.policy.group
+        _, pos = ctx.group_of(ctx.me) if ctx.policy.parity else (0, 0)
+        for rec in recs:
+            slices: list[Buffer] = []
+            for t_ in range(k if ctx.policy.parity else 0):
+                if slice_span(rec.bundle_len, k, t_)[1] == 0:
+                    continue
+                stripe = (pos - t_) % g
+                if (rec.step, stripe) not in blocks:
+                    break
+                slices.extend(decode_stripe(blocks[(rec.step, stripe)], k, g, plan.slice_lens[(rec.step, stripe)],
+                                            want=[t_]))
+            else:
+                if not rec.bundle or not ctx.policy.parity:
+                    continue
+                cut, at = _cutter(slices), 0
+                for key, n in rec.bundle:
+                    if key in wanted and key not in durable and not ctx.hot.exists(key):
+                        keep(key, cut(at, n), "parity")
+                    at += n
+        report.phases["decode_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for key, source, n, fut in jobs:
+            try:
+                fut.result()
+            except TrainstoreError as exc:
+                log.warning("peer recovery: %s; it will be read from the durable tier", exc)
+                report.corrupt += 1
+                durable.add(key)
                 continue
-            stripe = (pos - t) % g
-            if (rec.step, stripe) not in blocks:
-                break
-            out = decode_stripe(blocks[(rec.step, stripe)], k, g, plan.slice_lens[(rec.step, stripe)])
-            slices.append(out[t])
-        else:
-            if not rec.bundle or not ctx.policy.parity:
-                continue
-            bundle, at = b"".join(slices), 0
-            for key, n in rec.bundle:
-                if key in wanted and key not in durable and not ctx.hot.exists(key):
-                    keep(key, bundle[at:at + n], "parity")
-                at += n
+            report.bytes[source] += n
+        report.phases["write_wait_s"] = time.perf_counter() - t
+    finally:
+        pool.shutdown(wait=True)
     report.bytes["durable"] = sum(n for key, n in wanted.items() if not ctx.hot.exists(key))
+
+
+def _cutter(slices: list[Buffer]):  # noqa: ANN202 - a small closure factory
+    """``cut(start, length)`` over the concatenation of ``slices``: a view when the range lies in
+    one slice, a joined copy only when it straddles two."""
+    views = [memoryview(x).cast("B") for x in slices]
+    offsets, at = [], 0
+    for v in views:
+        offsets.append(at)
+        at += v.nbytes
+
+    def cut(start: int, length: int) -> Buffer:
+        i = max(bisect.bisect_right(offsets, start) - 1, 0)
+        lo = start - offsets[i]
+        if lo + length <= views[i].nbytes:
+            return views[i][lo:lo + length]
+        parts, end = [], start + length
+        for off, v in zip(offsets[i:], views[i:], strict=True):
+            a, b = max(start, off), min(end, off + v.nbytes)
+            if a < b:
+                parts.append(v[a - off:b - off])
+        return b"".join(parts)
+
+    return cut
 
 
 __all__ = ["RecoveryReport", "recover"]
