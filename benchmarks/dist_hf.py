@@ -64,6 +64,7 @@ def rank_main(a: argparse.Namespace) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
+    from trainstore.checkpoint.writer import WriteOptions
     from trainstore.integrations.hf import TrainstoreTrainer
 
     dist.init_process_group("gloo")
@@ -114,7 +115,8 @@ def rank_main(a: argparse.Namespace) -> None:
     else:
         policy = CheckpointPolicy(full_every=4 * a.save_steps, incremental_every=1) if a.policy == "incremental" \
             else CheckpointPolicy(full_every=1, incremental_every=None)
-        mgr = CheckpointManager(f"file://{a.root}/store", "bench", policy)
+        options = WriteOptions(codec="raw", delta_codec="raw") if a.codecs == "raw" else None
+        mgr = CheckpointManager(f"file://{a.root}/store", "bench", policy, options=options)
         trainer = TimedTrainstoreTrainer(model=model, args=args, train_dataset=data, checkpoints=mgr)
     if a.mode == "fsdp":
         force_fsdp2(trainer)
@@ -155,7 +157,7 @@ def launch(a: argparse.Namespace, kind: str, mode: str, world: int) -> dict:
                "127.0.0.1", "--master_port", str(port), "--max_restarts", "0", os.path.abspath(__file__), "--rank-run",
                "--kind", kind, "--mode", mode, "--root", root, "--out", out, "--steps", str(a.steps),
                "--save-steps", str(a.save_steps), "--batch", str(a.batch), "--embd", str(a.embd),
-               "--layers", str(a.layers), "--policy", a.policy, "--vocab", str(a.vocab), "--seq", str(a.seq)]
+               "--layers", str(a.layers), "--policy", a.policy, "--codecs", a.codecs, "--vocab", str(a.vocab), "--seq", str(a.seq)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
         if p.returncode != 0 or not os.path.exists(out):
@@ -199,6 +201,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--policy", choices=["incremental", "full"], default="incremental",
                     help="trainstore: a full save every 4th, incremental between (default), or every save full")
+    ap.add_argument("--codecs", choices=["default", "raw"], default="default",
+                    help="trainstore: the default codecs (full shuffle-lz4 where it pays, deltas bytegroup-zstd) or none")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 ranks, tiny model, 1 repeat")
     a = ap.parse_args()

@@ -137,7 +137,7 @@ class Manifest:
     def to_bytes(self) -> bytes:
         """JSON with a trailing ``"checksum"`` (BLAKE3 of the JSON without it), so a flipped
         bit anywhere in the manifest, not only in tensor bytes, is detected on load."""
-        return json.dumps(with_checksum(self.to_json()), separators=(",", ":"), allow_nan=False).encode()
+        return _append_checksum(_canonical(self.to_json()))
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "") -> Manifest:
@@ -177,11 +177,13 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: Any, where: str = "") -> Manifest:
+        raw = bytes(memoryview(data))
         try:
-            obj = json.loads(bytes(memoryview(data)))
+            obj = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ManifestError(f"checkpoint manifest {where} is not valid JSON (truncated?): {exc}") from None
-        check_checksum(obj, f"checkpoint manifest {where}")
+        if not _raw_checksum_ok(raw, obj):  # bytes not as to_bytes wrote them: check the parsed object
+            check_checksum(obj, f"checkpoint manifest {where}")
         return cls.from_json(obj, where)
 
 
@@ -199,6 +201,29 @@ def check_format(fmt: Any, where: str = "") -> int:
 
 def _canonical(obj: dict) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+_CHECKSUM_FIELD = b',"checksum":"'
+
+
+def _append_checksum(body: bytes) -> bytes:
+    """``body`` (compact JSON of a non-empty object) with ``"checksum"`` (BLAKE3 of ``body``)
+    as its last field: the bytes ``json.dumps(with_checksum(obj))`` gives, serialised once."""
+    return body[:-1] + _CHECKSUM_FIELD + content_hash(body).encode() + b'"}'
+
+
+def _raw_checksum_ok(raw: bytes, obj: Any) -> bool:
+    """True when ``raw`` is exactly ``_append_checksum`` of its body and the checksum matches
+    (then ``obj``, parsed from ``raw``, loses its ``"checksum"`` as ``check_checksum`` does);
+    False means "not shown this way": ``check_checksum`` decides, by re-serialising."""
+    at = raw.rfind(_CHECKSUM_FIELD)
+    if at < 0 or not isinstance(obj, dict) or not raw.endswith(b'"}'):
+        return False
+    expected = raw[at + len(_CHECKSUM_FIELD):-2]
+    if expected != str(obj.get("checksum", "")).encode() or content_hash(raw[:at] + b"}") != expected.decode():
+        return False
+    del obj["checksum"]
+    return True
 
 
 def with_checksum(obj: dict) -> dict:

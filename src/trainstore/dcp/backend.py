@@ -37,13 +37,14 @@ from ..errors import (
 )
 from .coordination import (
     RANK_COMMITTED,
+    KnownManifests,
     describe_failure,
     group_timeout,
     is_peer_failure,
     timeout_note,
 )
 from .reader import StorageReader
-from .writer import BaseCache, StorageWriter
+from .writer import COMMITTED_KEY, BaseCache, StorageWriter
 
 log = logging.getLogger("trainstore.dcp")
 
@@ -57,6 +58,7 @@ class DcpBackend(SaveBackend):
         super().__init__(ctx)
         self.stager = Stager()  # stage_state_dict: the host copy reused across saves
         self.base_cache = BaseCache() if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every else None
+        self.known = KnownManifests()  # manifests committed or read by this job's saves (not re-read)
         self._groups: tuple[Any, Any] | None = None
         self._coordinator = True  # until a save says otherwise (set_up_storage_writer)
 
@@ -106,17 +108,23 @@ class DcpBackend(SaveBackend):
         ctx = self.ctx
         group = self._group()
         writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
-                               base_cache=self.base_cache)
+                               base_cache=self.base_cache, known=self.known)
         try:
-            dcp.save(staged, storage_writer=writer, checkpoint_id=step, process_group=group)
-            m = writer.last_manifest or mf.load_manifest(ctx.store, ctx.job, step)
+            md = dcp.save(staged, storage_writer=writer, checkpoint_id=step, process_group=group)
+            info = (md.storage_data or {}).get(COMMITTED_KEY) if isinstance(md.storage_data, dict) else None
+            if writer.last_manifest is not None:
+                info = CheckpointInfo.from_manifest(writer.last_manifest)
+            elif not isinstance(info, CheckpointInfo):  # not broadcast by the coordinator: read what it committed
+                info = CheckpointInfo.from_manifest(mf.load_manifest(ctx.store, ctx.job, step))
         except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
             raise DistributedError(f"distributed checkpoint step {step} of job {ctx.job!r} failed: "
                                    f"{writer.failure_report(exc)}") from exc
         self._coordinator = writer.is_coordinator
+        if writer.last_manifest is None:
+            self.known.committed(info.step, info.kind)
         # every rank, after the commit (hooks run on the coordinator only): the peer tier's cue
         ctx.notify(RANK_COMMITTED, step=step, kind=kind, rank=dist.get_rank() if dist.is_initialized() else 0)
-        return CheckpointInfo.from_manifest(m)
+        return info
 
     def load(self, manifest: mf.Manifest, into: Any, scratch_bytes: int) -> Any:
         """Load ``manifest`` into ``into`` (in place) or, without a target, as full tensors."""

@@ -93,15 +93,62 @@ def is_dcp_manifest(m: mf.Manifest) -> bool:
     return isinstance(dcp, dict) and dcp.get("format", "").startswith("trainstore.dcp/")
 
 
-def find_base(store: Store, job: str, step: int) -> mf.Manifest | None:
-    """The newest readable FULL distributed checkpoint of ``job`` before ``step`` (or None)."""
+class KnownManifests:
+    """The manifests of one job this process committed or read while saving, by step, so the
+    saves after them do not read and parse them again (an incremental's base: once per save on
+    every rank; the coordinator's search for it: every manifest back to the last full). A
+    committed manifest never changes while its step is listed (one writer per job: the job's
+    lease; a rollback moves steps away, a rerun commits here again), and a step is only taken
+    from here when the store still lists it. Holds the newest full one and the kinds of the
+    steps after it."""
+
+    def __init__(self) -> None:
+        self._full: mf.Manifest | None = None
+        self._kinds: dict[int, str] = {}
+
+    def add(self, m: mf.Manifest) -> None:
+        if m.kind == "full" and (self._full is None or m.step >= self._full.step):
+            self._full = m
+            self._kinds = {s: k for s, k in self._kinds.items() if s > m.step}
+        self._kinds[m.step] = m.kind
+
+    def committed(self, step: int, kind: str) -> None:
+        """A save of this job committed ``step`` (seen by a rank that did not commit it): a full
+        one replaces whatever manifest was held (a rerun may reuse a step number)."""
+        if kind == "full":
+            self._full = None
+            self._kinds = {s: k for s, k in self._kinds.items() if s > step}
+        self._kinds[step] = kind
+
+    def kind(self, step: int) -> str | None:
+        return self._kinds.get(step)
+
+    def full(self, step: int) -> mf.Manifest | None:
+        return self._full if self._full is not None and self._full.step == step else None
+
+    def load_full(self, store: Store, job: str, step: int) -> mf.Manifest:
+        """The manifest of ``step`` (a full one), from here or read once from ``store``."""
+        m = self.full(step)
+        if m is None:
+            m = mf.load_manifest(store, job, step)
+            self.add(m)
+        return m
+
+
+def find_base(store: Store, job: str, step: int, known: KnownManifests | None = None) -> mf.Manifest | None:
+    """The newest readable FULL distributed checkpoint of ``job`` before ``step`` (or None).
+    ``known``: steps this process committed or read (not read again; see ``KnownManifests``)."""
     for s in reversed(mf.list_steps(store, job)):
-        if s >= step:
+        if s >= step or (known is not None and known.kind(s) == "incremental"):
             continue
-        try:
-            m = mf.load_manifest(store, job, s)
-        except TrainstoreError:
-            continue
+        m = known.full(s) if known is not None else None
+        if m is None:
+            try:
+                m = mf.load_manifest(store, job, s)
+            except TrainstoreError:
+                continue
+            if known is not None:
+                known.add(m)
         if m.kind == "full" and is_dcp_manifest(m):
             return m
     return None
@@ -207,6 +254,6 @@ def _dist():  # noqa: ANN202 - torch.distributed, imported lazily
 
 
 __all__ = ["CheckpointTarget", "parse_checkpoint_id", "full_checkpoint_id", "format_checkpoint_id",
-           "is_valid_checkpoint_id", "is_dcp_manifest", "find_base",
+           "is_valid_checkpoint_id", "is_dcp_manifest", "find_base", "KnownManifests",
            "rank_error", "describe_failure", "mark_written", "unfinished_ranks", "TIMEOUT_ENV", "DEFAULT_TIMEOUT_S",
            "RANK_COMMITTED", "group_timeout_s", "group_timeout", "timeout_note", "is_peer_failure"]

@@ -37,6 +37,7 @@ from torch.futures import Future
 from ..checkpoint import layout, lease, manifest as mf
 from ..checkpoint.manifest import ChunkEntry, Manifest, TensorEntry
 from ..checkpoint.staging import Stager
+from ..checkpoint.types import CheckpointInfo
 from ..checkpoint.writer import WriteOptions, WriteStats, write_tensors
 from ..chunks import ChunkStore
 from ..codecs import CodecConfig
@@ -44,6 +45,7 @@ from ..errors import ConfigError, ManifestError, TrainstoreError
 from ..store import open_store
 from ..store.base import Store
 from .coordination import (
+    KnownManifests,
     describe_failure,
     find_base,
     full_checkpoint_id,
@@ -90,6 +92,9 @@ class BaseCache:
         return {n: memoryview(b) for n, b in self._bufs.items()}
 
 
+#: ``Metadata.storage_data`` key of what ``dcp.save`` returns on every rank: the commit's ``CheckpointInfo``
+COMMITTED_KEY = "trainstore.committed"
+
 #: items resolved (and, for device tensors, copied to host) per write_tensors call
 GROUP_BYTES = 1 << 30
 
@@ -127,7 +132,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     def __init__(self, store: str | Store, job: str, step: int | None = None, *, kind: str = "full",
                  options: WriteOptions | None = None, store_options: dict | None = None,
                  metadata: dict | None = None, cache_staged_state_dict: bool = False,
-                 base_cache: BaseCache | None = None) -> None:
+                 base_cache: BaseCache | None = None, known: KnownManifests | None = None) -> None:
         _TorchStorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         if kind not in mf.KINDS:
@@ -140,6 +145,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.step = None if step is None else mf.check_step(step)
         self.metadata = dict(metadata or {})
         self.base_cache = base_cache
+        self.known = known if known is not None else KnownManifests()
         self._host_copy = Stager()  # stage()'s reusable host copy (cache_staged_state_dict)
         self.is_coordinator = False
         self.rank = 0
@@ -211,7 +217,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
             raise layout.step_exists(self.job, step, self.store.url)
         kind, base = self.kind, None
         if kind == "incremental":
-            base = find_base(self.store.write_view(), self.job, step)  # type: ignore[union-attr]  # as single.py
+            base = find_base(self.store.write_view(), self.job, step, self.known)  # type: ignore[union-attr]
             if base is None:
                 log.info("step %s: no full distributed checkpoint to diff against, saving a full one", step)
                 kind = "full"
@@ -254,7 +260,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
             raise ConfigError(f"this rank saves step {self.step}, the coordinator step {decision.get('step')}: "
                               "every rank must pass the same checkpoint_id")
         base_step = decision.get("base_step")
-        base = mf.load_manifest(self.store, self.job, base_step) if base_step is not None else None
+        base = self.known.load_full(self.store, self.job, base_step) if base_step is not None else None
         chunks = self._chunk_store()
         lookup = self._lookup(chunks, base) if base is not None else None
         caching = self.base_cache is not None and decision.get("kind") == "full"
@@ -325,7 +331,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         decision = self._decision or {}
         kind, base_step = decision.get("kind", self.kind), decision.get("base_step")
         tensors: dict[str, TensorEntry] = {}
-        items, storage_data = [], {}
+        items = []
         totals = {"logical_bytes": 0, "stored_bytes": 0, "written_bytes": 0}
         for rank, rank_results in enumerate(results):
             for wr in rank_results:
@@ -345,7 +351,6 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                 else:
                     item["object"] = sd["object"]
                 items.append(item)
-                storage_data[wr.index] = item
         dcp_json = metadata_to_json(metadata)
         dcp_json["world_size"] = len(results)
         dcp_json["items"] = items
@@ -357,11 +362,13 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         # gc-safe: a lease on m's chunks while committing
         with lease.commit_lease(self.store, self._chunk_store(), m, None, self._started):
             mf.commit_manifest(self.store, m)  # last: the checkpoint exists from here on
-        metadata.storage_data = storage_data
+        # what every rank gets back from dcp.save (broadcast): the commit, not the item list
+        metadata.storage_data = {COMMITTED_KEY: CheckpointInfo.from_manifest(m)}
+        self.known.add(m)
         self.last_manifest = m
         log.info("distributed checkpoint %s step %d (%s) committed: %d ranks, %d shards, %.1f MB logical, "
                  "%.1f MB written", self.job, m.step, kind, len(results), len(tensors), m.logical_bytes / 1e6,
                  m.written_bytes / 1e6)
 
 
-__all__ = ["StorageWriter", "BaseCache"]
+__all__ = ["StorageWriter", "BaseCache", "COMMITTED_KEY"]

@@ -142,7 +142,7 @@ def crash_stage(ctx: RunContext, train_ref: str, val_ref: str) -> dict:
 def _remove_job(ctx: RunContext, job: str) -> int:
     """The crash run's checkpoints repeat the main run's (its chunks are the same objects,
     shared by content): once compared they are removed; their chunks stay while referenced."""
-    from ..lifecycle.retention import delete_checkpoint
+    from ..lifecycle.deletion import delete_checkpoint
 
     hot = open_store(ctx.paths.ckpt_hot)
     steps = list_steps(ctx.store, job)

@@ -33,7 +33,7 @@ from ..errors import (
     NoValidCheckpointError,
     TrainstoreError,
 )
-from ..lifecycle.retention import delete_checkpoint
+from ..lifecycle.deletion import delete_checkpoint
 from ..lifecycle.retention_rules import Rule
 from ..store.base import Store
 from . import pyvalues

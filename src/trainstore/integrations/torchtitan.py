@@ -48,7 +48,8 @@ from ..checkpoint import (
 )
 from ..dcp import format_checkpoint_id, parse_checkpoint_id
 from ..errors import ConfigError, NotFoundError
-from ..lifecycle.retention import delete_checkpoint, retention_hook
+from ..lifecycle.deletion import delete_checkpoint
+from ..lifecycle.retention import retention_hook
 from ..lifecycle.retention_rules import LatestN
 
 log = logging.getLogger("trainstore.integrations.torchtitan")

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..checkpoint import manifest as mf
 from ..checkpoint.layout import abandoned_prefix, parse_manifest_key
-from ..checkpoint.lineage import load_abandoned, prune_empty_dirs, run_of
+from ..checkpoint.lineage import load_abandoned, run_of
 from ..errors import (
     ConfigError,
     ManifestError,
@@ -45,6 +45,7 @@ from ..errors import (
     TrainstoreError,
 )
 from ..store.base import Store
+from .deletion import delete_abandoned, delete_checkpoint
 from .gc import reclaim_released
 from .registry import Registry
 from .retention_rules import (
@@ -302,30 +303,6 @@ def _abandoned_decisions(store: Store, job: str, rule: Rule, view: RetentionView
 
 def _chunks(m: mf.Manifest) -> tuple[tuple[str, int], ...]:
     return tuple((r.key("chunks"), r.stored) for r in mf.manifest_refs(m))
-
-
-def delete_abandoned(store: Store, key: str) -> int:
-    """Remove one abandoned checkpoint (its manifest first, then its advisory records)."""
-    store.delete(key)
-    n = 1
-    run_dir = key.rsplit("/", 1)[0] + "/"
-    for meta in list(store.list(run_dir)):
-        store.delete(meta.key)
-        n += 1
-    prune_empty_dirs(store, [run_dir, run_dir.rsplit("/", 2)[0] + "/"])
-    return n
-
-
-def delete_checkpoint(store: Store, job: str, step: int) -> int:
-    """Remove one checkpoint: its manifest first (it vanishes atomically), then its other
-    files (verify records, tier marks). Chunks stay for ``gc``. Returns objects deleted."""
-    store.delete(mf.manifest_key(job, step))
-    n = 1
-    for meta in list(store.list(mf.step_prefix(job, step))):
-        store.delete(meta.key)
-        n += 1
-    prune_empty_dirs(store, [mf.step_prefix(job, step)])
-    return n
 
 
 def apply_retention(store: Store, job: str, policy: Rule | RetentionPolicy, *, dry_run: bool = False,

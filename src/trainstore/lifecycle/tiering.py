@@ -56,8 +56,8 @@ from ..store import open_store
 from ..store.base import Store
 from ..store.tiered import TieredStore
 from .backlog import BacklogStatus, DurableBacklog
+from .deletion import delete_checkpoint
 from .gc import GcOptions, collect_garbage
-from .retention import delete_checkpoint
 from .tiercopy import copy_checkpoint
 
 log = logging.getLogger("trainstore.lifecycle.tiering")

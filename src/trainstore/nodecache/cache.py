@@ -1,7 +1,5 @@
-"""The node cache: a node-local, size-limited, read-through cache of durable-store objects.
-
-(Not the checkpoint *hot tier* - that is ``TieredStore``'s hot store, see
-``trainstore.store.tiered``. The node cache only ever holds copies of durable objects.)
+"""The node cache: a node-local, size-limited, read-through cache of durable-store objects
+(only ever copies of durable objects: not the checkpoint hot tier, ``store.tiered``).
 
 Objects are plain files under ``cache_dir`` so they can be memory-mapped. Several processes
 of one node may share one cache directory; coordination uses only the file system:
@@ -53,15 +51,9 @@ from .evict import remove_idle, scan
 from .fetch import RangedDownloads, download
 from .files import TMP_PREFIX, PinnedFile, file_hash, stamp, temp_file_beside, touch
 from .source import check_unchanged, other_contents, tagged_name
-from .wanted import CachedFile, WantedFiles
+from .wanted import CachedFile, NotNeeded, WantedFiles
 
 log = logging.getLogger(__name__)
-
-
-class NotNeeded(CapacityError):
-    """A fill ahead of use found, holding the key's lock, that its reader no longer needs the
-    object (``pin(needed=...)``): nothing was fetched."""
-
 
 # Files this process has verified: path -> (inode, size, mtime_ns). Shared by every NodeCache
 # in the process, so a new cache object (a new Dataset, a new epoch) does not re-hash them.
@@ -209,10 +201,8 @@ class NodeCache:
 
     # -- internals ---------------------------------------------------------------------------
     def _too_big(self, key: str, size: int) -> CapacityError:
-        return CapacityError(
-            f"object {key!r} is {size} bytes, larger than the node-cache limit of "
-            f"{self.config.limit_bytes} bytes ({self.root}); raise the cache limit"
-        )
+        return CapacityError(f"object {key!r} is {size} bytes, larger than the node-cache limit of "
+                             f"{self.config.limit_bytes} bytes ({self.root}); raise the cache limit")
 
     def _try_pin(self, key: str, path: str) -> PinnedFile | None:
         try:

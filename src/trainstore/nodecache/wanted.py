@@ -11,8 +11,15 @@ from __future__ import annotations
 
 import threading
 
+from ..errors import CapacityError
+
 #: (path, size, atime) of a cached file, as ``NodeCache._scan`` yields it
 CachedFile = tuple[str, int, float]
+
+
+class NotNeeded(CapacityError):
+    """A fill ahead of use found, holding the key's lock, that its reader no longer needs the
+    object (``pin(needed=...)``): nothing was fetched."""
 
 
 class WantedFiles:
