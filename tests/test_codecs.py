@@ -188,3 +188,9 @@ def test_incrementals_default_to_bytegroup_and_earlier_shuffle_zstd_deltas_still
         for name, t in state(step).items():
             assert torch.equal(got[name].view(torch.int32), t.view(torch.int32)), (step, name)
     new.close()
+
+
+def test_blosc2_codecs_release_the_gil():
+    """shuffle-lz4 (blosc2) on a save thread must not hold the GIL the training loop needs:
+    importing trainstore.codecs turned blosc2's release on (set_releasegil returns the old state)."""
+    assert codecs.CODECS and blosc2.set_releasegil(True) is True

@@ -41,6 +41,12 @@ CODECS = ("raw", "zstd", "shuffle-zstd", "shuffle-lz4", "bytegroup-zstd")
 #: lossy codecs: chosen only per tensor by a lossy checkpoint policy (chunks may record them)
 LOSSY_CODECS = codecs_lossy.LOSSY_CODECS
 
+# blosc2 holds the GIL while it (de)compresses unless told otherwise: a full checkpoint's
+# shuffle-lz4 pieces on the save threads then stall the training loop's Python (measured: a
+# pure-Python loop ran 5.2x slower next to one encoding thread; 1.9x with this, on 2 busy
+# cores). Chunks are 1-8 MiB, where releasing it costs nothing measurable. Process-wide.
+blosc2.set_releasegil(True)
+
 #: The largest chunk we will ever decode (guards against hostile references).
 MAX_CHUNK_BYTES = 1 << 30
 _BLOSC_MAX = blosc2.MAX_BUFFERSIZE
