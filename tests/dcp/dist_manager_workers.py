@@ -51,7 +51,8 @@ def scenarios(root: str) -> list:
     return [("manager_save_restore", manager_save_restore, {"root": root}),
             ("manager_failure", manager_failure, {"root": root}),
             ("manager_fsdp2", manager_fsdp2, {"root": root}),
-            ("manager_corrupt", manager_corrupt, {"root": root})]
+            ("manager_corrupt", manager_corrupt, {"root": root}),
+            ("manager_busy_wait", manager_busy_wait, {"root": root})]
 
 
 def manager_fsdp2(rank: int, world: int, args: dict) -> dict:
@@ -115,3 +116,27 @@ def manager_corrupt(rank: int, world: int, args: dict) -> dict:
     check_state(target)  # step 10: the full checkpoint, before the bump
     mgr.close()
     return {"restored": res.step, "skipped": [s for s, _ in res.skipped], "reason": res.skipped[0][1][:300]}
+
+
+def manager_busy_wait(rank: int, world: int, args: dict) -> dict:
+    """on_busy="wait" with only rank 0 still busy (a slow hook after its commit) at the next
+    save: no agreement collective on the training thread, and both saves commit."""
+    import time
+
+    from trainstore.dcp.backend import DcpBackend
+
+    agreed = []
+    real = DcpBackend.agree_busy
+    DcpBackend.agree_busy = lambda self, busy: (agreed.append(busy), real(self, busy))[1]  # type: ignore[method-assign]
+    try:
+        mgr = CheckpointManager(args["root"], "busy", CheckpointPolicy(full_every=10, incremental_every=5),
+                                options=SMALL, hooks=[lambda info, m: time.sleep(0.5)])
+        mgr.save(10, make_state(world))
+        time.sleep(0.2)  # rank 0's hook still runs: rank 0 busy, rank 1 idle
+        mgr.save(15, make_state(world, bump=1e-3))
+        mgr.wait()
+        steps = [i.step for i in mgr.list()]
+        mgr.close()
+    finally:
+        DcpBackend.agree_busy = real  # type: ignore[method-assign]
+    return {"agreed": agreed, "steps": steps}

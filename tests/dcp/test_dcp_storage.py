@@ -193,3 +193,10 @@ def test_manager_restore_falls_back_consistently_when_one_rank_reads_a_corrupt_c
     for v in vals:
         assert v["restored"] == 10 and v["skipped"] == [15], v
     assert "rank 1" in vals[0]["reason"] and "corrupt" in vals[0]["reason"].lower(), vals[0]
+
+
+def test_manager_on_busy_wait_needs_no_collective_on_the_training_thread(jobs):
+    """Only "skip" must be decided by all ranks; under "wait" a busy rank waits for its own save."""
+    _, _, two = jobs
+    for v in scenario(two, "manager_busy_wait"):
+        assert v["agreed"] == [] and v["steps"] == [10, 15], v

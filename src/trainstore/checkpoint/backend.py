@@ -16,7 +16,8 @@ Call order of one ``save(step, state)`` (every rank runs the same calls, in this
 ====  ====================================  ===============  ========================================
  1    ``check_state(state)``                caller           reject a state this backend cannot save
  2    ``agree_busy(busy_here)``             caller           is a save still running (on any rank)?
-                                                             collective when ``collective``
+                                                             collective when ``collective``; only
+                                                             with ``on_busy="skip"``
  3    ``check_free(step)``                  caller           ``AlreadyExistsError`` if step exists
                                                              (after the previous save finished)
  4    ``stage(state)`` -> staged            caller           host copy: the only part on the

@@ -140,13 +140,15 @@ class CheckpointManager:
         busy = self._saves.busy()
         if busy == step and not backend.collective:
             raise AlreadyExistsError(f"checkpoint step {step} of job {self.job!r} is being saved already")
-        if backend.agree_busy(busy is not None):
-            if self.policy.on_busy == "skip":
-                where = "some rank" if backend.collective else f"step {busy}"
-                msg = f"checkpoint step {step} skipped: {where} is still being saved (on_busy='skip')"
-                warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                log.warning(msg)
-                return SaveHandle(step, kind, None, skipped=True)
+        # "skip" must be one decision for every rank (a collective on the control group); "wait"
+        # needs none: a busy rank waits for its own save, whose collectives the others finished
+        if self.policy.on_busy == "skip" and backend.agree_busy(busy is not None):
+            where = "some rank" if backend.collective else f"step {busy}"
+            msg = f"checkpoint step {step} skipped: {where} is still being saved (on_busy='skip')"
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            log.warning(msg)
+            return SaveHandle(step, kind, None, skipped=True)
+        if busy is not None:
             self._wait_inflight()
         if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
             backend.check_free(step)
