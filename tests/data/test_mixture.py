@@ -14,6 +14,7 @@ from trainstore.data import Dataset, Loader
 from trainstore.data.serve import CallableSchedule, Mixture, PiecewiseLinear, write_arrow_dataset
 from trainstore.data.serve.packing import PackedLoader, PackingConfig
 from trainstore.errors import ConfigError, SchemaError, TrainstoreError
+from trainstore.nodecache import NotNeeded
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -209,6 +210,18 @@ def resumed_stream_with(sources, state, weights):
     loader.load_state_dict(state)
     got = np.concatenate(run(loader))
     return got, loader.state_dict()
+
+
+def test_a_fill_ahead_no_batch_needs_is_skipped_in_every_source(sources):
+    """The loader's fill-ahead asks a mixture shard with ``needed=``, as it asks a Dataset:
+    once the batches are done with a shard its download is skipped (NotNeeded), not made."""
+    m = mix(sources)
+    last = len(m.shards) - 1  # a shard of the last source
+    with pytest.raises(NotNeeded):
+        m.pin_shard(last, ahead=True, needed=lambda: False)
+    assert not sources["math"].cache.contains(m.shards[last].key)
+    m.pin_shard(last, ahead=True, needed=lambda: True).close()
+    assert sources["math"].cache.contains(m.shards[last].key)
 
 
 def test_bad_input(sources, tmp_path):

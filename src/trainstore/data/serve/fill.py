@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ...bytebudget import ByteBudget
 from ...errors import BackgroundError, CapacityError, IntegrityError, StoreError
 from ...nodecache import NotNeeded
-from .dataset import Dataset
+from .source import ServeSource
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class FillPlan:
 class ShardFiller:
     """Background fill of ``plan.order`` (see module docstring); ``error`` holds a failure."""
 
-    def __init__(self, ds: Dataset, plan: FillPlan, budget: ByteBudget, *, concurrency: int,
+    def __init__(self, ds: ServeSource, plan: FillPlan, budget: ByteBudget, *, concurrency: int,
                  retries: int, backoff_s: float, on_all_filled: Callable[[], None],
                  after: threading.Event | None = None) -> None:
         self.ds = ds
@@ -127,9 +127,8 @@ class ShardFiller:
             if self._is_released(s):
                 return None
             try:
-                if isinstance(self.ds, Dataset):  # skip a download once the batches are done with s
-                    return self.ds.pin_shard(s, ahead=True, needed=lambda: not self._is_released(s))
-                return self.ds.pin_shard(s, ahead=True)
+                # skip a download once the batches are done with s
+                return self.ds.pin_shard(s, ahead=True, needed=lambda: not self._is_released(s))
             except NotNeeded:
                 return None
             except CapacityError:

@@ -198,9 +198,9 @@ class Mixture:
         s = int(self._shard_source[shard])
         return self.sources[s], shard - int(self._shard_base[s])
 
-    def pin_shard(self, shard: int, *, ahead: bool = False) -> PinnedFile:
+    def pin_shard(self, shard: int, *, ahead: bool = False, needed: Callable[[], bool] | None = None) -> PinnedFile:
         ds, local = self._local(shard)
-        return ds.pin_shard(local, ahead=ahead)
+        return ds.pin_shard(local, ahead=ahead, needed=needed)
 
     def close_shard(self, shard: int, evict: bool = False) -> None:
         ds, local = self._local(shard)
