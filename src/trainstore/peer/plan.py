@@ -1,9 +1,10 @@
 """Which protected step a recovery rebuilds, and from which pieces (computed alike on every node).
 
 Every node contributes an inventory (``inventory``) for a candidate step and a set of lost
-nodes: the records it holds of lost nodes, and which of its pieces verified (replica chunks
-by chunk hash, parity blocks by their stored hash, its own data slices by its chunks' hashes);
-a corrupt piece is left out and counted. ``make_plan`` turns the gathered inventories into
+nodes: the records it holds of lost nodes, which replica chunks it lacks (their bytes are
+checked once, by the lost node that receives them, which asks the next holder for a copy
+that fails), and which of its parity pieces verified (parity blocks by their stored hash, its
+own data slices by its chunks' hashes); a corrupt piece is left out and counted. ``make_plan`` turns the gathered inventories into
 transfers, the same on every node (pure function of the gathered JSON): replica chunks from
 the first holder with a good copy, or for each stripe a lost node's slice is in, ``k`` good
 blocks (data slices first, then parity). A step that some lost node cannot get back is not
@@ -32,6 +33,8 @@ class Plan:
     blocks: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)  # lost -> (step, stripe, j, src)
     slice_lens: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (step, stripe) -> data slice lens
     durable: dict[int, list[str]] = field(default_factory=dict)  # lost node -> keys no peer can give
+    holders: dict[int, list[int]] = field(default_factory=dict)  # lost node -> replica holders, in asking order
+    missing_at: dict[int, dict[int, set[str]]] = field(default_factory=dict)  # lost -> holder -> keys it lacks
     corrupt: int = 0
     missing: str = ""
 
@@ -41,6 +44,7 @@ def inventory(ctx: PeerContext, step: int, lost: list[int], refs: dict) -> dict:
     inv: dict = {"records": {}, "bad": {}, "data_ok": [], "parity": [], "corrupt": 0, "lens": {}}
     if ctx.me in lost:
         return inv
+    held: set[str] | None = None
     for owner in lost:
         recs = [ctx.pieces.record(owner, s) for s in ctx.pieces.record_steps(owner) if s <= step]
         recs = [r for r in recs if r is not None]
@@ -48,19 +52,10 @@ def inventory(ctx: PeerContext, step: int, lost: list[int], refs: dict) -> dict:
             continue
         inv["records"][str(owner)] = [_rec_json(r) for r in reversed(recs)]
         if ctx.policy.replicas:
-            bad = []
-            for key in recs[-1].keys:
-                data = ctx.pieces.chunk(key)
-                ok = data is not None and key in refs
-                if ok:
-                    try:
-                        ctx.chunks.check(refs[key], data, key=key)
-                    except TrainstoreError:
-                        ok = False
-                        inv["corrupt"] += 1
-                if not ok:
-                    bad.append(key)
-            inv["bad"][str(owner)] = bad
+            # which copies this node lacks (one listing); their bytes are checked once, by the
+            # lost node that receives them, which asks the next holder for any that fails
+            held = held if held is not None else set(ctx.pieces.chunk_keys())
+            inv["bad"][str(owner)] = [key for key in recs[-1].keys if key not in held or key not in refs]
     if ctx.policy.parity:
         base, _ = ctx.group_of(ctx.me)
         for s in ctx.pieces.record_steps(ctx.me):
@@ -133,6 +128,7 @@ def make_plan(ctx: PeerContext, step: int, lost: list[int], invs: list[dict]) ->
 def _plan_replicas(ctx: PeerContext, plan: Plan, L: int, rec: dict, holders: list[int], invs: list[dict]) -> None:
     order = sorted(holders, key=lambda n: (n - L) % ctx.nodes)
     bad = {n: set(invs[n]["bad"].get(str(L), [])) for n in order}
+    plan.holders[L], plan.missing_at[L] = order, bad
     plan.chunks[L] = {}
     for key in rec["keys"]:
         src = next((n for n in order if key not in bad[n]), None)

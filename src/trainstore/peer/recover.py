@@ -7,9 +7,11 @@
    the durable tier, and the report says plainly why (too many nodes lost).
 3. The survivors send the manifest, the lost node's records, replica chunks or stripe blocks;
    the lost node checks the manifest's checksum, decodes stripes (zfec), checks every chunk by
-   its hash and writes it to its hot tier - so the checkpoint restores from local disk and the
-   node holds its chunks again before the next failure. A chunk no peer could give, or that
-   failed its hash, is left to the durable tier and counted.
+   its hash and writes it to its hot tier (on a few threads) - so the checkpoint restores from
+   local disk and the node holds its chunks again before the next failure. A replica chunk
+   that fails its hash is asked of the next holder (``_replica_retries``; every node counts
+   it as corrupt); a chunk no peer could give, or a decoded one that failed its hash, is left
+   to the durable tier and counted.
 """
 
 from __future__ import annotations
@@ -61,20 +63,23 @@ def recover(ctx: PeerContext) -> RecoveryReport:
     t0 = time.perf_counter()
     mine = {"protected": ctx.pieces.protected_steps(), "own": ctx.pieces.record_steps(ctx.me)}
     infos = ctx.transport.all_gather(mine)
+    started = time.perf_counter() - t0
     candidates = sorted({s for i in infos for s in i["protected"]}, reverse=True)
     reasons = []
     for step in candidates:
         t = time.perf_counter()
         lost = [n for n in range(ctx.nodes) if step not in infos[n]["own"]]
         refs = _refs(ctx, step, lost)
-        invs = ctx.transport.all_gather(inventory(ctx, step, lost, refs))
+        inv = inventory(ctx, step, lost, refs)
+        inventoried = time.perf_counter() - t
+        invs = ctx.transport.all_gather(inv)
         plan = make_plan(ctx, step, lost, invs)
         if plan.missing:
             reasons.append(f"step {step}: {plan.missing}")
             continue
         planned = time.perf_counter() - t
         report = _execute(ctx, plan, refs)
-        report.phases["plan_s"] = planned
+        report.phases.update(start_s=started, inventory_s=inventoried, plan_s=planned)
         report.seconds = time.perf_counter() - t0
         report.reason = "; ".join(reasons + [f"step {step} rebuilt from peers" if lost else
                                              f"step {step}: no node lost, every chunk local"])
@@ -123,8 +128,23 @@ def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
     t = time.perf_counter()
     got = ctx.transport.exchange(out)
     report.phases["exchange_s"] = time.perf_counter() - t
+    writer, failed, durable, error = None, [], set(), None
+    try:
+        if ctx.me in plan.lost:
+            try:
+                writer, failed, durable = _rebuild(ctx, plan, got, report)
+            except TrainstoreError as exc:  # raised after the retry rounds, which every node takes part in
+                error = exc
+        if ctx.policy.replicas and plan.lost:
+            _replica_retries(ctx, plan, report, failed, writer, durable)
+    finally:
+        if writer is not None:
+            writer.close()
+    if error is not None:
+        raise error
     if ctx.me in plan.lost:
-        _rebuild(ctx, plan, got, report)
+        wanted = plan.records[ctx.me][0]["keys"]
+        report.bytes["durable"] = sum(int(n) for key, n in wanted.items() if not ctx.hot.exists(key))
     else:
         rec = ctx.pieces.record(ctx.me, plan.step)
         report.bytes["local"] = sum(rec.keys.values()) if rec is not None else 0
@@ -139,7 +159,96 @@ def _block(ctx: PeerContext, step: int, stripe: int, j: int, n: int) -> bytes:
     return block or b""
 
 
-def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, bytes]]], report: RecoveryReport) -> None:
+class _Writer:
+    """Checks and writes rebuilt chunks on a few threads (hashing and fsyncs overlap)."""
+
+    def __init__(self, ctx: PeerContext, step: int, refs: dict) -> None:
+        self.ctx, self.step, self.refs = ctx, step, refs
+        self.pool = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="trainstore-peer-rebuild")
+        self.jobs: list[tuple[str, str, int, Future]] = []
+        self.queued: set[str] = set()
+
+    def _check_and_put(self, key: str, data: Buffer) -> None:
+        ref = self.refs.get(key)
+        if ref is None:
+            raise TrainstoreError(f"chunk {key} is not referenced by step {self.step}")
+        self.ctx.chunks.check(ref, data, key=key)  # hashing and the write's fsync release the GIL
+        self.ctx.hot.put(key, data)
+
+    def keep(self, key: str, data: Buffer, source: str) -> None:
+        if key in self.queued:
+            return
+        self.queued.add(key)
+        self.jobs.append((key, source, memoryview(data).nbytes, self.pool.submit(self._check_and_put, key, data)))
+
+    def finish(self, report: RecoveryReport, durable: set[str]) -> list[str]:
+        """Wait for every write; returns the replica chunks that failed their check (another
+        holder may have a good copy); a decoded chunk that failed goes to ``durable``."""
+        failed = []
+        for key, source, n, fut in self.jobs:
+            try:
+                fut.result()
+            except TrainstoreError as exc:
+                self.queued.discard(key)
+                if source == "peer":
+                    log.warning("peer recovery: %s; asking another holder", exc)
+                    failed.append(key)
+                else:
+                    log.warning("peer recovery: %s; it will be read from the durable tier", exc)
+                    report.corrupt += 1
+                    durable.add(key)
+                continue
+            report.bytes[source] += n
+        self.jobs = []
+        return failed
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def _replica_retries(ctx: PeerContext, plan: Plan, report: RecoveryReport, failed: list[str],
+                     writer: _Writer | None, durable: set[str]) -> None:
+    """Replica chunks that failed the lost node's check are asked of the next holder with a
+    copy, round by round, until none failed or no holder is left (then: the durable tier).
+    Every node takes part (collective); every node computes the same rounds from the gathered
+    failures, and counts them as corrupt."""
+    tried = {L: {key: {src} for key, src in keys.items()} for L, keys in plan.chunks.items()}
+    while True:
+        gathered = ctx.transport.all_gather(failed)
+        report.corrupt += sum(len(gathered[L]) for L in plan.lost)
+        retry: dict[int, dict[str, int]] = {}
+        for L in plan.lost:
+            for key in gathered[L]:
+                src = next((n for n in plan.holders.get(L, []) if n not in tried[L].get(key, set())
+                            and key not in plan.missing_at.get(L, {}).get(n, set())), None)
+                if src is None:
+                    if L == ctx.me:
+                        durable.add(key)
+                    continue
+                tried[L].setdefault(key, set()).add(src)
+                retry.setdefault(L, {})[key] = src
+        if not retry:
+            return
+        out: dict[int, list[Piece]] = {}
+        for L, keys in retry.items():
+            for key, src in keys.items():
+                if src == ctx.me:
+                    n = int(plan.records[L][0]["keys"].get(key, 0))
+                    out.setdefault(L, []).append(Piece(f"c:{key}", n, lambda key=key: ctx.pieces.chunk(key) or b""))
+        got = ctx.transport.exchange(out)
+        failed = []
+        if writer is not None:
+            for src in sorted(got):
+                for name, data in got[src]:
+                    if name.startswith("c:") and name[2:] in retry.get(ctx.me, {}):
+                        writer.keep(name[2:], data, "peer")
+            failed = writer.finish(report, durable)
+
+
+def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, Buffer]]],
+             report: RecoveryReport) -> tuple[_Writer, list[str], set[str]]:
+    """Check and write what the peers sent; returns the writer (for retries), the replica
+    chunks that failed their check, and the chunks left to the durable tier."""
     items = [it for src in sorted(got) for it in got[src]]
     m = None
     for name, data in items:
@@ -153,75 +262,46 @@ def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, bytes]
                 ctx.hot.put(mf.manifest_key(ctx.job, s), data)
     if m is None:
         raise TrainstoreError(f"peer recovery of step {plan.step}: no peer sent the manifest")
-    refs = ctx.refs(m)
     recs = [rec_from_json(r) for r in plan.records[ctx.me]]
     for rec in recs:  # the node knows its own chunks again (its next protection sends everything)
         ctx.pieces.put_record(rec)
     wanted = recs[0].keys
     durable = set(plan.durable.get(ctx.me, []))
-    pool = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="trainstore-peer-rebuild")
-    jobs: list[tuple[str, str, int, Future]] = []
-
-    def check_and_put(key: str, data: Buffer) -> None:
-        ref = refs.get(key)
-        if ref is None:
-            raise TrainstoreError(f"chunk {key} is not referenced by step {plan.step}")
-        ctx.chunks.check(ref, data, key=key)  # hashing and the write's fsync release the GIL
-        ctx.hot.put(key, data)
-
-    queued: set[str] = set()
-
-    def keep(key: str, data: Buffer, source: str) -> None:  # checked and written on the pool, overlapped
-        if key in queued:
-            return
-        queued.add(key)
-        jobs.append((key, source, memoryview(data).nbytes, pool.submit(check_and_put, key, data)))
-
-    try:
-        t = time.perf_counter()
-        for name, data in items:
-            if name.startswith("c:"):
-                keep(name[2:], data, "peer")
-        blocks: dict[tuple[int, int], dict[int, Buffer]] = {}
-        for name, data in items:
-            if name.startswith("b:"):
-                _, a, s, j = name.split(":")
-                blocks.setdefault((int(a), int(s)), {})[int(j)] = data
-        k, g = ctx.policy.data, ctx.policy.group
-        _, pos = ctx.group_of(ctx.me) if ctx.policy.parity else (0, 0)
-        for rec in recs:
-            slices: list[Buffer] = []
-            for t_ in range(k if ctx.policy.parity else 0):
-                if slice_span(rec.bundle_len, k, t_)[1] == 0:
-                    continue
-                stripe = (pos - t_) % g
-                if (rec.step, stripe) not in blocks:
-                    break
-                slices.extend(decode_stripe(blocks[(rec.step, stripe)], k, g, plan.slice_lens[(rec.step, stripe)],
-                                            want=[t_]))
-            else:
-                if not rec.bundle or not ctx.policy.parity:
-                    continue
-                cut, at = _cutter(slices), 0
-                for key, n in rec.bundle:
-                    if key in wanted and key not in durable and not ctx.hot.exists(key):
-                        keep(key, cut(at, n), "parity")
-                    at += n
-        report.phases["decode_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        for key, source, n, fut in jobs:
-            try:
-                fut.result()
-            except TrainstoreError as exc:
-                log.warning("peer recovery: %s; it will be read from the durable tier", exc)
-                report.corrupt += 1
-                durable.add(key)
+    writer = _Writer(ctx, plan.step, ctx.refs(m))
+    t = time.perf_counter()
+    for name, data in items:
+        if name.startswith("c:"):
+            writer.keep(name[2:], data, "peer")
+    blocks: dict[tuple[int, int], dict[int, Buffer]] = {}
+    for name, data in items:
+        if name.startswith("b:"):
+            _, a, s, j = name.split(":")
+            blocks.setdefault((int(a), int(s)), {})[int(j)] = data
+    k, g = ctx.policy.data, ctx.policy.group
+    _, pos = ctx.group_of(ctx.me) if ctx.policy.parity else (0, 0)
+    for rec in recs:
+        slices: list[Buffer] = []
+        for t_ in range(k if ctx.policy.parity else 0):
+            if slice_span(rec.bundle_len, k, t_)[1] == 0:
                 continue
-            report.bytes[source] += n
-        report.phases["write_wait_s"] = time.perf_counter() - t
-    finally:
-        pool.shutdown(wait=True)
-    report.bytes["durable"] = sum(n for key, n in wanted.items() if not ctx.hot.exists(key))
+            stripe = (pos - t_) % g
+            if (rec.step, stripe) not in blocks:
+                break
+            slices.extend(decode_stripe(blocks[(rec.step, stripe)], k, g, plan.slice_lens[(rec.step, stripe)],
+                                        want=[t_]))
+        else:
+            if not rec.bundle or not ctx.policy.parity:
+                continue
+            cut, at = _cutter(slices), 0
+            for key, n in rec.bundle:
+                if key in wanted and key not in durable and not ctx.hot.exists(key):
+                    writer.keep(key, cut(at, n), "parity")
+                at += n
+    report.phases["decode_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    failed = writer.finish(report, durable)
+    report.phases["write_wait_s"] = time.perf_counter() - t
+    return writer, failed, durable
 
 
 def _cutter(slices: list[Buffer]):  # noqa: ANN202 - a small closure factory

@@ -18,6 +18,7 @@ mid-way) is logged and counted, and the step is simply not protected.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +44,19 @@ log = logging.getLogger("trainstore.peer")
 
 #: the manager event (every rank, after its save committed) that starts a protection
 COMMIT_EVENT = RANK_COMMITTED
+
+
+def _background_priority() -> None:
+    """The protection thread yields the CPU to training and saves (Linux nices threads one by
+    one): protection is background work, a save's staging copy is not."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
+    except (OSError, AttributeError):  # not Linux, or not allowed: protection runs at normal priority
+        pass
+
+
+#: niceness of the protection thread
+_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,8 @@ class PeerTier:
         self._resend = True  # the first protection sends everything this node holds
         self._lock = threading.Lock()
         self._pending: list[Future] = []
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-peer")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainstore-peer",
+                                            initializer=_background_priority)
         self.ctx: PeerContext | None = None
         if self.node.leader:
             transport = Transport(group, self.node.node, self.node.nodes, policy.round_bytes, policy.max_bytes_per_s)
