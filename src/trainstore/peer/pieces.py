@@ -36,6 +36,7 @@ class Record:
     step: int
     keys: dict[str, int]
     bundle: tuple[tuple[str, int], ...] = field(default=())
+    slices: tuple[str, ...] = field(default=())  # BLAKE3 of each data slice of the bundle (parity; may be absent)
 
     @property
     def bundle_len(self) -> int:
@@ -43,7 +44,8 @@ class Record:
 
     def to_bytes(self) -> bytes:
         return json.dumps({"owner": self.owner, "step": self.step, "keys": self.keys,
-                           "bundle": [list(b) for b in self.bundle]}, sort_keys=True).encode()
+                           "bundle": [list(b) for b in self.bundle], "slices": list(self.slices)},
+                          sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview, where: str) -> Record:
@@ -51,7 +53,10 @@ class Record:
             obj = json.loads(bytes(data))
             keys = {str(k): int(v) for k, v in obj["keys"].items()}
             bundle = tuple((str(k), int(n)) for k, n in obj["bundle"])
-            rec = cls(int(obj["owner"]), int(obj["step"]), keys, bundle)
+            slices = tuple(obj.get("slices", []))
+            if not all(isinstance(h, str) for h in slices):
+                raise TypeError("slice hashes must be strings")
+            rec = cls(int(obj["owner"]), int(obj["step"]), keys, bundle, slices)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(f"peer record {where} is malformed: {exc}") from exc
         if any(n < 0 for n in keys.values()) or any(n < 0 for _, n in bundle):

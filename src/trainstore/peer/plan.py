@@ -4,7 +4,8 @@ Every node contributes an inventory (``inventory``) for a candidate step and a s
 nodes: the records it holds of lost nodes, which replica chunks it lacks (their bytes are
 checked once, by the lost node that receives them, which asks the next holder for a copy
 that fails), and which of its parity pieces verified (parity blocks by their stored hash, its
-own data slices by its chunks' hashes); a corrupt piece is left out and counted. ``make_plan`` turns the gathered inventories into
+own data slices by the slice hashes its protection recorded, else by its chunks' hashes); a
+corrupt piece is left out and counted. ``make_plan`` turns the gathered inventories into
 transfers, the same on every node (pure function of the gathered JSON): replica chunks from
 the first holder with a good copy, or for each stripe a lost node's slice is in, ``k`` good
 blocks (data slices first, then parity). A step that some lost node cannot get back is not
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..chunks import content_hash
 from ..errors import IntegrityError, NotFoundError, TrainstoreError
 from .context import PeerContext, bundle_reader
 from .erasure import slice_span, stripe_node, stripe_of
@@ -82,6 +84,20 @@ def inventory(ctx: PeerContext, step: int, lost: list[int], refs: dict) -> dict:
 
 
 def _own_ok(ctx: PeerContext, rec: Record, refs: dict, inv: dict) -> bool:
+    """Whether this node's data slices of ``rec``'s bundle are intact: by the slice hashes its
+    protection recorded (a read and a BLAKE3, no decode), else by every chunk's hash."""
+    k = ctx.policy.data
+    if len(rec.slices) == k:
+        read = bundle_reader(ctx.hot, rec.bundle)
+        for t in range(k):
+            try:
+                data = read(*slice_span(rec.bundle_len, k, t))
+            except (NotFoundError, IntegrityError):
+                return False
+            if content_hash(data) != rec.slices[t]:
+                inv["corrupt"] += 1
+                return False
+        return True
     for key, _n in rec.bundle:
         try:
             data = bytes(ctx.hot.get(key))
@@ -98,12 +114,13 @@ def _own_ok(ctx: PeerContext, rec: Record, refs: dict, inv: dict) -> bool:
 
 
 def _rec_json(r: Record) -> dict:
-    return {"owner": r.owner, "step": r.step, "keys": r.keys, "bundle": [list(b) for b in r.bundle]}
+    return {"owner": r.owner, "step": r.step, "keys": r.keys, "bundle": [list(b) for b in r.bundle],
+            "slices": list(r.slices)}
 
 
 def rec_from_json(obj: dict) -> Record:
     return Record(int(obj["owner"]), int(obj["step"]), {str(k): int(v) for k, v in obj["keys"].items()},
-                  tuple((str(k), int(n)) for k, n in obj["bundle"]))
+                  tuple((str(k), int(n)) for k, n in obj["bundle"]), tuple(str(h) for h in obj.get("slices", [])))
 
 
 def make_plan(ctx: PeerContext, step: int, lost: list[int], invs: list[dict]) -> Plan:

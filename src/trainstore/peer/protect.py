@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from ..checkpoint import manifest as mf
+from ..chunks import content_hash
 from ..errors import IntegrityError, NotFoundError, TrainstoreError
 from .context import PeerContext, bundle_reader
 from .erasure import encode_parity, slice_span, stripe_node, stripe_of
@@ -175,6 +176,10 @@ def protect(ctx: PeerContext, step: int, previous: Record | None) -> ProtectStat
     """Protect ``step`` (collective of the peer group; see the module docstring)."""
     t0, sent0 = time.perf_counter(), ctx.transport.bytes_sent
     m, rec = own_record(ctx, step, previous)
+    if ctx.policy.parity:  # a recovery checks a data slice by this hash (no decode of its chunks)
+        read = bundle_reader(ctx.hot, rec.bundle)
+        rec = replace(rec, slices=tuple(content_hash(read(*slice_span(rec.bundle_len, ctx.policy.data, t)))
+                                        for t in range(ctx.policy.data)))
     _cache_manifest(ctx, step)
     ctx.pieces.put_record(rec)
     got = ctx.transport.exchange(_outgoing(ctx, rec))
