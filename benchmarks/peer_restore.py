@@ -95,16 +95,19 @@ def bench_restore(rank: int, world: int, args: dict) -> dict:
     mgr = CheckpointManager(store, "b", CheckpointPolicy(), options=OPTIONS)
     torch.distributed.barrier()
     t0 = time.perf_counter()
+    phases: dict = {}
     if args["mode"] == "peer":
         res, report = peer.restore_into(mgr, target)
         sources = report.bytes
+        phases = {**report.phases, "recover_s": report.seconds}
     else:
         res, sources = mgr.restore_into(target), {}
     seconds = time.perf_counter() - t0
+    phases["load_s"] = seconds - phases.get("recover_s", 0.0)
     same = torch.equal(target["model"][f"w{rank}"], _state(rank, args["mb"], res.step)["model"][f"w{rank}"])
     mgr.close()
     peer.close()
-    return {"seconds": seconds, "step": res.step, "same": same, "sources": sources}
+    return {"seconds": seconds, "step": res.step, "same": same, "sources": sources, "phases": phases}
 
 
 def codec_rates(mb: float, k: int = 4, m: int = 2) -> list[dict]:
@@ -186,7 +189,9 @@ def main() -> None:
                         assert not bad, bad
                         assert all(r.value["same"] for r in res)
                         runs[mode].append({"lost": res[1].value["seconds"], "slowest": max(r.value["seconds"] for r in res),
-                                           "sources": res[1].value["sources"]})
+                                           "sources": res[1].value["sources"], "phases": res[1].value["phases"],
+                                           "survivor_inventory_s": max(r.value["phases"].get("inventory_s", 0.0)
+                                                                       for r in res)})
                         for d in (f"hot{1}", f"peer{1}"):  # the same starting point for the next mode
                             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
                             shutil.copytree(os.path.join(snapshot, d), os.path.join(root, d))
@@ -213,7 +218,10 @@ def main() -> None:
                    "restore_durable_lost_s": statistics.median(r["lost"] for r in runs["durable"]),
                    "restore_peer_slowest_s": statistics.median(r["slowest"] for r in runs["peer"]),
                    "restore_durable_slowest_s": statistics.median(r["slowest"] for r in runs["durable"]),
-                   "peer_sources_lost_node": runs["peer"][-1]["sources"]}
+                   "peer_sources_lost_node": runs["peer"][-1]["sources"],
+                   "peer_phases_lost_node": {k: statistics.median(r["phases"].get(k, 0.0) for r in runs["peer"])
+                                             for k in runs["peer"][-1]["phases"]},
+                   "peer_slowest_inventory_s": statistics.median(r["survivor_inventory_s"] for r in runs["peer"])}
             row["peer_vs_durable"] = row["restore_peer_lost_s"] / row["restore_durable_lost_s"]
             out["settings"].append(row)
             print(f"{name} ({world} nodes, {a.mb} MiB/node): stored {row['stored_bytes_per_node'] / row['own_bytes_per_node']:.2f}x, "
@@ -223,7 +231,9 @@ def main() -> None:
                   f"{row['incremental_sent_vs_new']:.2f}x its new bytes; committed {row['committed_s']:.2f} s, "
                   f"protected {row['protected_s']:.2f} s; restore of the lost node: peers {row['restore_peer_lost_s']:.2f} s "
                   f"vs durable {row['restore_durable_lost_s']:.2f} s ({row['peer_vs_durable']:.2f}x); "
-                  f"sources {row['peer_sources_lost_node']}")
+                  f"sources {row['peer_sources_lost_node']}; lost node's peer phases (s) "
+                  f"{ {k: round(v, 3) for k, v in row['peer_phases_lost_node'].items()} }, slowest node's inventory "
+                  f"{row['peer_slowest_inventory_s']:.3f} s")
     finally:
         server.stop()
     if a.out:
