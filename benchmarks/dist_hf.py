@@ -138,11 +138,11 @@ def rank_main(a: argparse.Namespace) -> None:
                "median_durable_s": statistics.median(trainer.durable), "train_wall_s": wall}
         with open(a.out, "w") as f:
             json.dump(out, f)
+    # the last collective holds no Python tensor: torch 2.13's gloo group deadlocked at exit when
+    # DDP's Reducer freed it while its worker still had to drop all_gather_object's tensors (that
+    # needs the GIL the freeing thread holds); and every rank is past the gather before any exits
+    dist.barrier()
     dist.destroy_process_group()
-    # torch 2.13's gloo group can deadlock when DDP's Reducer frees it at exit (its worker waits
-    # for the GIL the freeing thread holds): leave without running destructors, results are written
-    sys.stdout.flush()
-    os._exit(0)
 
 
 
