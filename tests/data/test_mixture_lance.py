@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from trainstore import open_store
-from trainstore.data import Dataset, Loader, Mixture
+from trainstore.data import Dataset, Loader, Mixture, lance_layout
 from trainstore.data.lance_layout import LANCE
 from trainstore.data.serve import write_arrow_dataset
 from trainstore.errors import ConfigError
@@ -35,6 +35,23 @@ def ids(loader, stop=None):
         if stop is not None and len(out) == stop:
             break
     return out
+
+
+def test_a_random_take_reads_rows_not_whole_files(tmp_path, monkeypatch):
+    """Lance has no zero-copy mapping: serving it by opening whole files decoded every fragment a
+    batch touched, again whenever the open budget had closed it. Takes read only their rows."""
+    write_lance(tmp_path / "ds", n=200, rows_per_file=20)
+    whole = []
+    real = lance_layout._LanceFile._all
+    monkeypatch.setattr(lance_layout._LanceFile, "_all", lambda self: (whole.append(1), real(self))[1])
+    ds = Dataset.open(str(tmp_path / "ds"), cache_dir=tmp_path / "hot")
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        rows = rng.integers(0, 200, 32)
+        got = ds.take(rows)
+        assert got["idx"].tolist() == rows.tolist() and np.array_equal(got["x"][:, 0], rows * 10)
+    assert ds[123]["text"] == "doc 123"
+    assert whole == []
 
 
 def test_lance_dataset_served_and_resumed_on_another_world_size(tmp_path):

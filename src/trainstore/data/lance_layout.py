@@ -76,7 +76,7 @@ class _LanceFile(ShardFile):
 
 
 class LanceLayout(ShardLayout):
-    name, title, suffix, servable = "lance", "Lance", ".lance", True
+    name, title, suffix, servable, by_row = "lance", "Lance", ".lance", True, True
 
     def encode(self, table: pa.Table, **options: Any) -> pa.Buffer:
         raise ConfigError("trainstore serves Lance datasets as they are; write them with lance.write_dataset")

@@ -86,6 +86,9 @@ class ShardLayout(ABC):
     suffix: str
     #: whether ``Dataset`` serves versions of this layout (random row access, memory-mapped)
     servable: bool = False
+    #: served by reading the rows each batch asks for (``ShardFile.take``) instead of opening
+    #: the whole file (a format with no zero-copy mapping: Lance)
+    by_row: bool = False
 
     @abstractmethod
     def encode(self, table: pa.Table, **options: Any) -> pa.Buffer:

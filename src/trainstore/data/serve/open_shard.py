@@ -99,6 +99,7 @@ class OpenShard:
                  specs: dict[str, ColumnSpec]) -> None:
         self.handle = handle
         self.info = info
+        self.open_bytes = info.bytes  # held while open: the mapping (ShardPins' open budget)
         self.users = 0
         try:
             batches = layout.open(path).batches()

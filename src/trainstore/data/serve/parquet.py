@@ -305,6 +305,7 @@ class CachedParquetShard:
         self.rows, self.shard, self.handle, self.path, self.meta = rows, shard, handle, path, meta
         self.verify_pages = verify_pages
         self.info = rows.shards[shard]
+        self.open_bytes = self.info.bytes  # decoded row groups are cached by the file (open budget)
         self.users = 0
 
     def _decode(self, group: int) -> tuple[GroupViews, int]:

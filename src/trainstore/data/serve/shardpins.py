@@ -24,9 +24,11 @@ from .external import SOURCE_TAGS
 from .open_shard import ColumnSpec, OpenShard
 from .options import DatasetConfig
 from .parquet import CachedParquetShard, ParquetRows
+from .take_shard import TakeShard
 
-#: an open shard: a mapped Arrow file, or a Parquet file decoded by row group
-ServedShard = OpenShard | CachedParquetShard
+#: an open shard: a mapped Arrow file, a Parquet file decoded by row group, or a file whose
+#: rows are read per batch (Lance)
+ServedShard = OpenShard | CachedParquetShard | TakeShard
 
 
 def source_tags(version: DatasetVersion) -> dict[str, str]:
@@ -84,10 +86,14 @@ class ShardPins:
             handle = self._cache.pin(info.key, checksum=self._checksum(info), size=info.bytes,
                                      tag=self.source_tag(shard))
             try:
-                opened: ServedShard = (
-                    self._ranges.open_cached(shard, handle, handle.path, hash_verified=bool(self._checksum(info)))
-                    if self._ranges is not None
-                    else OpenShard(handle, handle.path, info, self.layout, self._specs))
+                opened: ServedShard
+                if self._ranges is not None:
+                    opened = self._ranges.open_cached(shard, handle, handle.path,
+                                                      hash_verified=bool(self._checksum(info)))
+                elif self.layout.by_row:
+                    opened = TakeShard(handle, handle.path, info, self.layout, self._specs)
+                else:
+                    opened = OpenShard(handle, handle.path, info, self.layout, self._specs)
             except BaseException:
                 handle.close()
                 raise
@@ -107,7 +113,7 @@ class ShardPins:
     def _shrink(self, incoming: int) -> None:
         """Close idle open shards (LRU first) until ``incoming`` more bytes fit the budget."""
         with self._lock:
-            used = sum(o.info.bytes for o in self._open.values())
+            used = sum(o.open_bytes for o in self._open.values())
             for idx in list(self._open):
                 if used + incoming <= self._open_budget:
                     break
@@ -115,7 +121,7 @@ class ShardPins:
                 if o.users == 0:
                     del self._open[idx]
                     o.close()
-                    used -= o.info.bytes
+                    used -= o.open_bytes
 
     def _release_idle(self) -> None:
         with self._lock:
