@@ -138,10 +138,11 @@ def rank_main(a: argparse.Namespace) -> None:
                "median_durable_s": statistics.median(trainer.durable), "train_wall_s": wall}
         with open(a.out, "w") as f:
             json.dump(out, f)
-    # the last collective holds no Python tensor: torch 2.13's gloo group deadlocked at exit when
-    # DDP's Reducer freed it while its worker still had to drop all_gather_object's tensors (that
-    # needs the GIL the freeing thread holds); and every rank is past the gather before any exits
+    # torch 2.13's gloo group deadlocks at exit when DDP's Reducer frees it while a worker thread
+    # still has to drop the last collectives' Python tensors (that needs the GIL the freeing thread
+    # holds): every rank past the gather, then a pause without the GIL lets the workers finish
     dist.barrier()
+    time.sleep(0.5)
     dist.destroy_process_group()
 
 
