@@ -12,6 +12,7 @@ from trainstore import open_store
 from trainstore.chunks import content_hash
 from trainstore.errors import CapacityError, ConfigError, IntegrityError, NotFoundError
 from trainstore.nodecache import CacheConfig, NodeCache, cache as nodecache_module
+from trainstore.nodecache.files import TMP_PREFIX
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -250,3 +251,16 @@ def test_a_fill_ahead_that_is_no_longer_needed_downloads_nothing(store, tmp_path
     with pytest.raises(nodecache_module.NotNeeded):
         cache.pin("obj/000", ahead=True, needed=lambda: False)
     assert cache.stats.bytes_fetched == 0 and not cache.contains("obj/000")
+
+
+def test_path_of_is_remembered_and_still_refuses_bad_keys(tmp_path):
+    """``path_of`` is remembered per (key, tag); a bad key is refused every time, not learned."""
+    cache = NodeCache(str(tmp_path / "store"), tmp_path / "cache", limit_bytes=1 << 20)
+    first = cache.path_of("a/b.bin")
+    assert cache.path_of("a/b.bin") == first and first.endswith(os.path.join("a", "b.bin"))
+    assert cache.path_of("a/b.bin", tag="t1") != cache.path_of("a/b.bin", tag="t2") != first
+    for _ in range(2):
+        with pytest.raises(ConfigError):
+            cache.path_of(f"a/{TMP_PREFIX}x/b.bin")
+    other = NodeCache(str(tmp_path / "store"), tmp_path / "cache", limit_bytes=1 << 20)
+    assert other.path_of("a/b.bin") == first  # the same store in the same directory: one layout

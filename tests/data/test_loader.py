@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import time
 import warnings
 from collections import Counter
 
@@ -12,7 +13,7 @@ import pytest
 
 from trainstore import open_store
 from trainstore.data import Dataset, Loader
-from trainstore.data.serve import IOBoundWarning, MeterConfig, write_arrow_dataset
+from trainstore.data.serve import IOBoundWarning, IOWaitMeter, MeterConfig, write_arrow_dataset
 from trainstore.errors import CapacityError, ConfigError
 
 pytestmark = pytest.mark.timeout(120)
@@ -242,8 +243,6 @@ def test_processes_share_one_cache_dir(store, tmp_path):
 
 
 def test_stats_meter_and_warning(ds):
-    import time
-
     from prometheus_client import generate_latest
 
     loader = Loader(ds, 8, meter=MeterConfig(window=5, warn_fraction=0.0, warn_every_s=0))
@@ -259,7 +258,6 @@ def test_stats_meter_and_warning(ds):
     assert 'trainstore_loader_batches_total{rank="0"} 30.0' in text
     # a loop that never waits for data: no warning (meter driven directly, so the machine's
     # load cannot make the loader late)
-    from trainstore.data.serve import IOWaitMeter
 
     quiet = IOWaitMeter(MeterConfig(window=5, warn_every_s=0))
     with warnings.catch_warnings():
@@ -377,3 +375,22 @@ def test_nested_lists_tensor_type_and_multibatch_shards(store, tmp_path):
 
 def epoch_indices_any(loader):
     return [b["idx"].copy() for b in loader]
+
+
+def test_wait_fraction_window_slides():
+    """The window's fraction follows only the last ``window`` batches (kept as running sums)."""
+    meter = IOWaitMeter(MeterConfig(window=4, warn_every_s=1e9))
+    for _ in range(6):  # waits of 20 ms, no compute
+        t = meter.begin()
+        time.sleep(0.02)
+        meter.end(t, 1)
+    assert meter.window_fraction() > 0.9
+    for _ in range(4):  # then compute of 20 ms, no wait: the window holds only these
+        time.sleep(0.02)
+        meter.end(meter.begin(), 1)
+    assert meter.window_fraction() < 0.1
+    t = meter.begin()  # one waiting batch of four: about a quarter
+    time.sleep(0.02)
+    meter.end(t, 1)
+    assert 0.1 < meter.window_fraction() < 0.5
+    assert meter.snapshot()["batches"] == 11

@@ -45,13 +45,14 @@ import filelock
 
 from ..errors import CapacityError, ConfigError, IntegrityError, StoreError
 from ..fileio import unlink_quietly
-from ..store import Store, open_store, validate_key
+from ..store import Store, open_store
 from .config import CacheConfig, CacheStats
 from .evict import remove_idle, scan
 from .fetch import RangedDownloads, download
 from .files import TMP_PREFIX, PinnedFile, file_hash, stamp, temp_file_beside, touch
-from .source import check_unchanged, other_contents, tagged_name
-from .wanted import CachedFile, NotNeeded, WantedFiles
+from .paths import KeyPaths
+from .source import check_unchanged, other_contents
+from .wanted import CachedFile, NotNeeded, wanted_files
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class NodeCache:
         self.namespace = ns
         self._objects = os.path.join(self.root, "objects")
         self._obj_ns = os.path.join(self._objects, ns)
+        self._paths = KeyPaths(self._objects, ns)
         self._locks = os.path.join(self.root, "locks", ns)
         for d in (self._obj_ns, self._locks):
             os.makedirs(d, exist_ok=True)
@@ -99,20 +101,13 @@ class NodeCache:
         self.on_pressure: Callable[[], None] | None = None
         self._ranged: RangedDownloads | None = None
         #: files a reader of this process still needs (``want``): evicted after every other file
-        self._wanted = WantedFiles()
+        self._wanted = wanted_files(self.root)  # shared by every cache on this directory
 
     # -- paths -----------------------------------------------------------------------------
     def path_of(self, key: str, tag: str | None = None) -> str:
         """Where ``key`` lives (or would live) in the cache; with ``tag``, the copy of that
-        content of it (``<namespace>.v/<dirs>/<hash of tag>.<name>``)."""
-        validate_key(key)
-        parts = key.split("/")
-        if any(p.startswith(TMP_PREFIX) for p in parts):
-            raise ConfigError(f"cache key segment may not start with {TMP_PREFIX!r}: {key!r}")
-        if tag is None:
-            return os.path.join(self._obj_ns, *parts)
-        parts[-1] = tagged_name(tag, parts[-1])
-        return os.path.join(self._objects, f"{self.namespace}.v", *parts)
+        content of it (``nodecache.paths``)."""
+        return self._paths.path_of(key, tag)
 
     def _key_lock(self, key: str) -> filelock.FileLock:
         name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"

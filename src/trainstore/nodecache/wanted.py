@@ -53,4 +53,21 @@ class WantedFiles:
         return idle + wanted
 
 
-__all__ = ["CachedFile", "WantedFiles"]
+_SHARED: dict[str, WantedFiles] = {}
+_SHARED_MU = threading.Lock()
+
+
+def wanted_files(root: str) -> WantedFiles:
+    """The one ``WantedFiles`` of cache directory ``root`` in this process: every ``NodeCache``
+    on that directory (the sources of a mixture, several datasets) evicts by the same hints;
+    with one registry per cache object, a source's fill saw the other sources' wanted shards
+    as idle and evicted them first (a mixture epoch through a third-size cache read 1.5x its
+    bytes, against 1.14x with no hints at all)."""
+    with _SHARED_MU:
+        got = _SHARED.get(root)
+        if got is None:
+            got = _SHARED[root] = WantedFiles()
+        return got
+
+
+__all__ = ["CachedFile", "WantedFiles", "wanted_files"]

@@ -33,6 +33,7 @@ from ...store import Store, open_store
 from ..layouts import PARQUET, get_layout, layout_names
 from ..versions import DatasetVersion, load_version, parse_ref
 from .external import describe_external
+from .groups import by_key
 from .open_shard import column_spec
 from .options import CACHE_FREE_FRACTION, DatasetConfig, default_cache_limit, resolve_cache_dir
 from .parquet import ParquetRows
@@ -267,20 +268,13 @@ class Dataset(ShardPins, SamplerPlanned):
             dtype, shape = self._specs[name]
             out[name] = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
         shard_ids = np.searchsorted(self.offsets, idx, side="right") - 1
-        order = np.argsort(shard_ids, kind="stable")
-        bounds = np.flatnonzero(np.diff(shard_ids[order])) + 1
-        for group in np.split(order, bounds) if len(order) else []:
-            s = int(shard_ids[group[0]])
+        for s, group in by_key(shard_ids):
             local = idx[group] - self.offsets[s]
             if ranges and self._ranged(s):
                 assert self._ranges is not None
                 self._ranges.gather_ranged(s, local, out, group)
                 continue
-            op = self.acquire(s)
-            try:
-                op.gather(local, out, group)
-            finally:
-                self.release(op)
+            self.gather_shard(s, local, out, group)
             if gathered is not None:
                 gathered(s)
         return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from bisect import bisect_left
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -67,14 +68,14 @@ class EpochRun:
         self.needs: list[np.ndarray] = []
         last_use: dict[int, int] = {}
         first_use: dict[int, int] = {}
-        self._left: dict[int, set[int]] = {}
+        self._left: dict[int, list[int]] = {}  # ascending: the first is the shard's next use
         for b in range(start, len(batches)):
             shards = np.unique(np.searchsorted(self.ds.offsets, rows[b], side="right") - 1)
             self.needs.append(shards)
             for s in shards.tolist():
                 first_use.setdefault(s, b)
                 last_use[s] = b
-                self._left.setdefault(s, set()).add(b)
+                self._left.setdefault(s, []).append(b)
         order = list(first_use)  # shards in order of first use
         self.done_with: dict[int, list[int]] = {}
         for s, b in last_use.items():
@@ -82,14 +83,14 @@ class EpochRun:
         self._left_mu = threading.Lock()
         self._shards_left = len(self._left)
         # block mode: the node cache evicts the shards this run reads next last (a full shuffle
-        # reads nearly every shard until the epoch's end: there LRU decides; a Mixture has no hint)
+        # reads nearly every shard until the epoch's end: there LRU decides)
         block = loader.config.shuffle_mode == "block"
-        self._want = getattr(self.ds, "want_shard", None) if block else None
-        self._unwant = getattr(self.ds, "unwant_shard", None) if block else None
+        self._want = self.ds.want_shard if block else None
+        self._unwant = self.ds.unwant_shard if block else None
         self._seq = next(_RUN_SEQ) * float(1 << 32)  # a run ahead's uses come after this one's
         if self._want is not None:
             for s, users in self._left.items():
-                self._want(s, self._seq + min(users), id(self))
+                self._want(s, self._seq + users[0], id(self))
         #: set once every shard this run reads is copied out (a run ahead may fetch from then)
         self.gathered_all = threading.Event()
         if not self._shards_left:
@@ -143,10 +144,12 @@ class EpochRun:
         place); when it can, the pin stays until then as before (the copy serves the next epoch)."""
         with self._left_mu:
             users = self._left[s]
-            users.discard(b)
+            at = bisect_left(users, b)  # batches finish about in order: near the front
+            if at < len(users) and users[at] == b:
+                del users[at]
             if users:
-                if self._want is not None:
-                    self._want(s, self._seq + min(users), id(self))
+                if self._want is not None and at == 0:  # its next use moved
+                    self._want(s, self._seq + users[0], id(self))
                 return
             self._shards_left -= 1
             if not self._shards_left:

@@ -26,20 +26,18 @@ draws (what was drawn stays drawn).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ...errors import ConfigError, SchemaError
 from ...nodecache import PinnedFile
-from ...nodecache.config import CacheStats
 from .dataset import Dataset
+from .groups import by_key
 from .interleave import EraStream
+from .mixsources import CacheView, project, share_cache_limits
 from .open_shard import column_spec
-from .options import default_cache_limit, resolve_cache_dir
 from .sampler import PlanSpec, per_rank_count, rank_streams
 from .schedule import (
     CallableSchedule,
@@ -53,39 +51,6 @@ from .schedule import (
 from .source import EpochPlan
 
 CURSOR_FORMAT = "trainstore.mixture/1"
-
-
-class _CacheView:
-    """The node-cache counters of every source, summed (what ``Loader.stats`` reads)."""
-
-    def __init__(self, sources: Sequence[Dataset]) -> None:
-        self._sources = sources
-
-    @property
-    def stats(self) -> CacheStats:
-        total = CacheStats()
-        for ds in self._sources:
-            for k, v in vars(ds.cache.stats).items():
-                setattr(total, k, getattr(total, k) + v)
-        return total
-
-
-def _share_cache_limits(sources: tuple[Dataset, ...]) -> tuple[Dataset, ...]:
-    """Sources in one cache directory share its space: a source whose limit is the default
-    (its own bytes + a shard) is reopened with the default for all of them, else filling one
-    source evicts the others' shards and every epoch fetches them again."""
-    by_dir: dict[str, list[int]] = {}
-    for i, ds in enumerate(sources):
-        by_dir.setdefault(os.path.abspath(resolve_cache_dir(ds.config.cache_dir)), []).append(i)
-    out = list(sources)
-    for where, members in by_dir.items():
-        limit, _why = default_cache_limit(where, sum(sources[i].source_bytes for i in members),
-                                          max(sources[i].max_shard_bytes for i in members))
-        for i in members:
-            ds = sources[i]
-            if ds.config.cache_limit is None and ds.cache_limit < limit:
-                out[i] = Dataset(ds.store, ds.version, config=replace(ds.config, cache_limit=limit))
-    return tuple(out)
 
 
 class Mixture:
@@ -107,7 +72,7 @@ class Mixture:
         if bad:
             raise ConfigError(f"mixture sources must be trainstore.data.Dataset; not: {bad}")
         self.names = tuple(str(n) for n in sources)
-        self.sources = _share_cache_limits(tuple(sources.values()))
+        self.sources = share_cache_limits(tuple(sources.values()))
         self.schedule = as_schedule(weights)
         self._schedule_desc = describe(self.schedule, self.names)  # checks every breakpoint
         self.seed = int(seed)
@@ -119,6 +84,7 @@ class Mixture:
         if self.num_samples <= 0:
             raise ConfigError(f"num_samples must be positive, got {num_samples}")
         self._columns = self._pick_columns(columns)
+        self.sources = project(self.sources, self._columns)
         self._specs = {c: column_spec(self.sources[0].version, c) for c in self._columns}
         self.source_column = source_column
         if source_column is not None and source_column in self._columns:
@@ -128,8 +94,9 @@ class Mixture:
         self.row_offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.shards = tuple(s for ds in self.sources for s in ds.shards)
         self._shard_source = np.concatenate([np.full(len(ds.shards), i) for i, ds in enumerate(self.sources)])
-        self._shard_base = np.concatenate([[0], np.cumsum([len(ds.shards) for ds in self.sources])]).astype(np.int64)
         self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
+        #: each mixture shard's source and index there (asked for every shard of every batch)
+        self._locals = [(ds, i) for ds in self.sources for i in range(len(ds.shards))]
         self.max_shard_bytes = max(ds.max_shard_bytes for ds in self.sources)
         self.cache_limit = min(ds.cache_limit for ds in self.sources)
         self.cache_limit_reason = ("the smallest of the sources' cache limits (a default one covers all the "
@@ -171,22 +138,18 @@ class Mixture:
         total = int(self.row_offsets[-1])
         if idx.size and (idx.min() < 0 or idx.max() >= total):
             raise IndexError(f"rows out of range for {self.source_id} ({total} rows)")
-        src = np.searchsorted(self.row_offsets, idx, side="right") - 1
-        parts = {}
-        for s in np.unique(src).tolist():
-            at = np.flatnonzero(src == s)
-            base = int(self._shard_base[s])
-            forward = {} if gathered is None else {"gathered": lambda local, base=base: gathered(base + local)}
-            parts[s] = (at, self.sources[s].take(idx[at] - self.row_offsets[s], **forward))
         out: dict[str, np.ndarray] = {}
         for c in self._columns:
             dtype, shape = self._specs[c]
-            arr = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
-            for at, got in parts.values():
-                arr[at] = got[c]
-            out[c] = arr
+            out[c] = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1  # mixture shards: one row space
+        for g, at in by_key(shard):  # each shard's rows straight into the batch arrays
+            ds, local = self._local(g)
+            ds.gather_shard(local, idx[at] - self.offsets[g], out, at)
+            if gathered is not None:
+                gathered(g)
         if self.source_column:
-            out[self.source_column] = src.astype(np.int32)
+            out[self.source_column] = self._shard_source[shard].astype(np.int32)
         return out
 
     def __getitem__(self, row: int) -> dict[str, Any]:
@@ -195,8 +158,7 @@ class Mixture:
 
     # -- shard plan (the node cache of each source) --------------------------------------------
     def _local(self, shard: int) -> tuple[Dataset, int]:
-        s = int(self._shard_source[shard])
-        return self.sources[s], shard - int(self._shard_base[s])
+        return self._locals[shard]
 
     def pin_shard(self, shard: int, *, ahead: bool = False, needed: Callable[[], bool] | None = None) -> PinnedFile:
         ds, local = self._local(shard)
@@ -205,6 +167,14 @@ class Mixture:
     def close_shard(self, shard: int, evict: bool = False) -> None:
         ds, local = self._local(shard)
         ds.close_shard(local, evict=evict)
+
+    def want_shard(self, shard: int, rank: float, owner: int) -> None:
+        ds, local = self._local(shard)
+        ds.want_shard(local, rank, owner)
+
+    def unwant_shard(self, shard: int, owner: int) -> None:
+        ds, local = self._local(shard)
+        ds.unwant_shard(local, owner)
 
     def add_pressure_hook(self, hook: Callable[[], None]) -> None:
         for ds in self.sources:
@@ -215,8 +185,8 @@ class Mixture:
             ds.remove_pressure_hook(hook)
 
     @property
-    def cache(self) -> _CacheView:
-        return _CacheView(self.sources)
+    def cache(self) -> CacheView:
+        return CacheView(self.sources)
 
     def decode_sources(self, batches: Sequence[np.ndarray]) -> list[tuple[Dataset, list[np.ndarray]]]:
         """Each Parquet source with its rows (its own indices) of every batch: the loader decodes

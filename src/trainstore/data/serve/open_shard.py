@@ -9,6 +9,7 @@ metadata); ``row`` and ``gather`` read rows out of them without per-row Python w
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ def copy_rows(dst: np.ndarray, positions: np.ndarray, src: np.ndarray, rows: np.
     """dst[positions] = src[rows]. Large rows are copied one by one (a straight memcpy each,
     the GIL released, no temporary); fancy indexing would gather into a temporary first and
     then scatter, and is 2-20x slower for rows of 100 KB and up."""
-    row_bytes = src.itemsize * (int(np.prod(src.shape[1:])) if src.ndim > 1 else 1)
+    row_bytes = src.itemsize * math.prod(src.shape[1:])
     if src.dtype == object or row_bytes < _ROW_COPY_BYTES:
         dst[positions] = src[rows]
         return

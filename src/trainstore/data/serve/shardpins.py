@@ -110,6 +110,15 @@ class ShardPins:
         with self._lock:
             op.users -= 1
 
+    def gather_shard(self, shard: int, local: np.ndarray, out: dict[str, np.ndarray], positions: np.ndarray) -> None:
+        """``out[column][positions] = rows local of shard`` for each of this source's columns
+        (``out`` may hold more), the shard opened (and pinned) for the copy."""
+        op = self.acquire(shard)
+        try:
+            op.gather(local, out, positions)
+        finally:
+            self.release(op)
+
     def _shrink(self, incoming: int) -> None:
         """Close idle open shards (LRU first) until ``incoming`` more bytes fit the budget."""
         with self._lock:
