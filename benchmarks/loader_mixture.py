@@ -4,7 +4,8 @@ Three arrow-ipc sources (``idx`` int64 + ``x`` float32 of ``--sample-kb`` KB; th
 smaller than the others) are served as ``Mixture(weights 0.5 / 0.3 / 0.2)`` and, for the
 baseline, the same rows as one dataset. Both through ``Loader`` (``--mode`` shuffle, local
 store, warm node cache), no compute: samples/s over ``--epochs`` warm epochs (first batch of
-each excluded), and the time to plan an epoch. Then, from the mixture's ``source`` column: the
+each excluded; ``--repeats`` interleaved runs, medians), accelerator use at a fixed step of
+``--compute-ms`` per batch, and the time to plan an epoch. Then, from the mixture's ``source`` column: the
 achieved share of each source in every window of 1,000 samples (worst deviation from the
 weight, in percentage points), and whether a mid-epoch resume on another world size (2 ranks
 -> 3 ranks) reads exactly the rest of the uninterrupted stream.
@@ -55,18 +56,22 @@ def write_sources(store, total: int, width: int, rows_per_shard: int) -> dict[st
     return parts
 
 
-def samples_per_s(loader: Loader, epochs: int) -> float:
-    """Warm epochs, no compute, first batch of each excluded."""
-    list(loader)  # warms the node cache
-    n, secs = 0, 0.0
+def samples_per_s(loader: Loader, epochs: int, compute_s: float = 0.0) -> tuple[float, float]:
+    """Warm epochs, first batch of each excluded: (samples/s, accelerator use). ``compute_s``: a
+    training step per batch (a sleep: the GIL is free, as while a GPU computes); AU = the
+    steps' time / the wall time."""
+    n, batches, secs = 0, 0, 0.0
     for _ in range(epochs):
         it = iter(loader)
         next(it)
         t0 = time.perf_counter()
         for b in it:
             n += len(b["idx"])
+            batches += 1
+            if compute_s:
+                time.sleep(compute_s)
         secs += time.perf_counter() - t0
-    return n / secs
+    return n / secs, batches * compute_s / secs
 
 
 def plan_seconds(loader: Loader) -> float:
@@ -165,6 +170,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--mode", default="block")
     ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved runs of each loader (medians)")
+    ap.add_argument("--compute-ms", type=float, default=1.0, help="training step per batch for the AU figure")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     width = max(1, int(a.sample_kb * 1024 // 4))
@@ -182,11 +189,20 @@ def main() -> None:
         single = Loader(one, a.batch, shuffle_mode=a.mode, world_size=1, rank=0)
         mixed = Loader(make(), a.batch, shuffle_mode=a.mode, world_size=1, rank=0)
         out = {"samples": a.samples, "sizes": sizes, "sample_kb": a.sample_kb, "batch": a.batch, "mode": a.mode,
-               "plan_s_single": plan_seconds(single), "plan_s_mixture": plan_seconds(mixed),
-               "samples_per_s_single": samples_per_s(single, a.epochs)}
+               "repeats": a.repeats, "plan_s_single": plan_seconds(single), "plan_s_mixture": plan_seconds(mixed)}
+        list(single), list(mixed)  # warm node caches
+        runs: dict[str, list] = {"single": [], "mixture": [], "single_au": [], "mixture_au": []}
+        for rep in range(a.repeats):  # interleaved, the order alternating
+            for name, lo in ((("single", single), ("mixture", mixed)) if rep % 2 == 0
+                             else (("mixture", mixed), ("single", single))):
+                runs[name].append(samples_per_s(lo, a.epochs)[0])
+                runs[f"{name}_au"].append(samples_per_s(lo, 1, a.compute_ms / 1000)[1])
         single.close()
-        out["samples_per_s_mixture"] = samples_per_s(mixed, a.epochs)
         mixed.close()
+        for name in ("single", "mixture"):
+            out[f"samples_per_s_{name}"] = float(np.median(runs[name]))
+            out[f"samples_per_s_{name}_runs"] = [round(x) for x in runs[name]]
+            out[f"au_{name}_at_{a.compute_ms}ms_per_batch"] = float(np.median(runs[f"{name}_au"]))
         out["mixture_vs_single"] = out["samples_per_s_mixture"] / out["samples_per_s_single"]
         lo = Loader(make(), a.batch, world_size=1, rank=0)
         src = np.concatenate([b["source"] for b in lo])
