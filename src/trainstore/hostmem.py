@@ -198,8 +198,12 @@ class HostBuffer:
 
         helpers = [threading.Thread(target=run, args=(i, *p), name="trainstore-hostmem-populate", daemon=True)
                    for i, p in enumerate(parts) if i]
-        for t in helpers:
-            t.start()
+        try:
+            for t in helpers:
+                t.start()
+        except BaseException:
+            start_together.abort()  # the helpers started so far leave instead of waiting forever
+            raise
         run(0, *parts[0])
         for t in helpers:
             t.join()

@@ -28,30 +28,31 @@ class CacheView:
         return total
 
 
-def share_cache_limits(sources: tuple[Dataset, ...]) -> tuple[Dataset, ...]:
-    """Sources in one cache directory share its space: a source whose limit is the default
-    (its own bytes + a shard) is reopened with the default for all of them, else filling one
-    source evicts the others' shards and every epoch fetches them again."""
+def serve_together(sources: tuple[Dataset, ...], columns: tuple[str, ...]) -> tuple[Dataset, ...]:
+    """The sources as the mixture serves them, each reopened at most once:
+
+    * sources in one cache directory share its space: a source whose limit is the default (its
+      own bytes + a shard) gets the default for all of them, else filling one source evicts the
+      others' shards and every epoch fetches them again;
+    * each reads exactly the mixture's ``columns``, so its rows are gathered straight into the
+      mixture's batch arrays."""
     by_dir: dict[str, list[int]] = {}
     for i, ds in enumerate(sources):
         by_dir.setdefault(os.path.abspath(resolve_cache_dir(ds.config.cache_dir)), []).append(i)
-    out = list(sources)
+    shared: dict[int, int] = {}
     for where, members in by_dir.items():
         limit, _why = default_cache_limit(where, sum(sources[i].source_bytes for i in members),
                                           max(sources[i].max_shard_bytes for i in members))
-        for i in members:
-            ds = sources[i]
-            if ds.config.cache_limit is None and ds.cache_limit < limit:
-                out[i] = Dataset(ds.store, ds.version, config=replace(ds.config, cache_limit=limit))
+        shared.update(dict.fromkeys(members, limit))
+    out = []
+    for i, ds in enumerate(sources):
+        change: dict = {}
+        if ds.config.cache_limit is None and ds.cache_limit < shared[i]:
+            change["cache_limit"] = shared[i]
+        if set(ds.column_names) != set(columns):
+            change["columns"] = columns
+        out.append(Dataset(ds.store, ds.version, config=replace(ds.config, **change)) if change else ds)
     return tuple(out)
 
 
-def project(sources: tuple[Dataset, ...], columns: tuple[str, ...]) -> tuple[Dataset, ...]:
-    """Each source reading exactly the mixture's columns (reopened when it reads others too), so
-    its rows are gathered straight into the mixture's batch arrays."""
-    return tuple(ds if set(ds.column_names) == set(columns)
-                 else Dataset(ds.store, ds.version, config=replace(ds.config, columns=columns))
-                 for ds in sources)
-
-
-__all__ = ["CacheView", "project", "share_cache_limits"]
+__all__ = ["CacheView", "serve_together"]

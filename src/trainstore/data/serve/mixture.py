@@ -36,7 +36,7 @@ from ...nodecache import PinnedFile
 from .dataset import Dataset
 from .groups import by_key
 from .interleave import EraStream
-from .mixsources import CacheView, project, share_cache_limits
+from .mixsources import CacheView, serve_together
 from .open_shard import column_spec
 from .sampler import PlanSpec, per_rank_count, rank_streams
 from .schedule import (
@@ -72,7 +72,7 @@ class Mixture:
         if bad:
             raise ConfigError(f"mixture sources must be trainstore.data.Dataset; not: {bad}")
         self.names = tuple(str(n) for n in sources)
-        self.sources = share_cache_limits(tuple(sources.values()))
+        self.sources = tuple(sources.values())  # as given, until the columns are picked (below)
         self.schedule = as_schedule(weights)
         self._schedule_desc = describe(self.schedule, self.names)  # checks every breakpoint
         self.seed = int(seed)
@@ -84,7 +84,7 @@ class Mixture:
         if self.num_samples <= 0:
             raise ConfigError(f"num_samples must be positive, got {num_samples}")
         self._columns = self._pick_columns(columns)
-        self.sources = project(self.sources, self._columns)
+        self.sources = serve_together(self.sources, self._columns)
         self._specs = {c: column_spec(self.sources[0].version, c) for c in self._columns}
         self.source_column = source_column
         if source_column is not None and source_column in self._columns:
