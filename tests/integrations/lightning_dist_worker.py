@@ -16,6 +16,7 @@ restore, the restored step and ``last_restore``; then prints ``DONE``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import sys
@@ -38,6 +39,19 @@ pl = importlib.import_module("lightning.pytorch" if UNIFIED else "pytorch_lightn
 ts = importlib.import_module("trainstore.integrations.lightning_unified" if UNIFIED else "trainstore.integrations.lightning")
 
 ROWS = 64
+
+
+def _destroy_process_groups() -> None:
+    """Every process group goes before the interpreter shuts down, as torch asks of a script.
+    Lightning registers this only for NCCL; a gloo group left to finalization can abort the
+    process with "terminate called without an active exception" (pytorch#190489, #65231): CI
+    saw it once in a ``ddp_spawn`` child. Registered at import, so the spawned children (which
+    re-import this module) run it too."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+atexit.register(_destroy_process_groups)
 BATCH = 4
 
 
