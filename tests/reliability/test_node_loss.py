@@ -175,8 +175,12 @@ def test_corrupt_replica_detected_and_other_copy_used(tmp_path):
 
 
 def test_corrupt_parity_block_other_blocks_used(tmp_path):
+    """No block is read before planning: the sender finds the corrupt one as it reads it, sends
+    nothing, and the stripe's spare block is asked for in a retry round. Node 0's stripe 0 plans
+    data slices of nodes 1-3 and parity block 4, which node 4 holds (block 5, node 5's, is the
+    spare)."""
     _save(tmp_path, 6, {"data": 4, "parity": 2})
-    for f in (tmp_path / "peer5" / "parity").rglob("*"):
+    for f in (tmp_path / "peer4" / "parity").rglob("*"):
         if f.is_file() and not f.name.endswith(".json"):
             data = bytearray(f.read_bytes())
             data[0] ^= 0xFF
@@ -186,6 +190,31 @@ def test_corrupt_parity_block_other_blocks_used(tmp_path):
     for v in out:
         assert v["same"] and v["peer_step"] == 20 and v["durable_read"] == 0, v
         assert v["corrupt"] >= 1
+
+
+def test_corrupt_data_slice_found_by_its_sender(tmp_path):
+    """A chunk of a survivor's bundle rots in its hot tier: the slice it sends for the lost
+    node's stripe fails its recorded hash, is not sent, and a parity block replaces it; the
+    survivor's own restore repairs the chunk from the durable tier."""
+    _save(tmp_path, 6, {"data": 4, "parity": 2})
+    rec = json.loads((tmp_path / "peer1" / "records" / "000001" / "000000000020.json").read_bytes())
+    # node 1 holds data slice 1 of stripe 0, one of node 0's stripes: rot the chunk in its middle
+    start, length = slice_span(sum(n for _, n in rec["bundle"]), 4, 1)
+    at, key = 0, None
+    for key, n in rec["bundle"]:
+        if at + n > start + length // 2:
+            break
+        at += n
+    victim = tmp_path / "hot1" / key
+    data = bytearray(victim.read_bytes())
+    data[start + length // 2 - at] ^= 0xFF  # a byte of slice 1
+    victim.write_bytes(bytes(data))
+    _lose(tmp_path, 0)
+    out = _ok(_run("restore", 6, {"root": str(tmp_path), "policy": {"data": 4, "parity": 2}}))
+    for v in out:
+        assert v["same"] and v["peer_step"] == 20, v
+        assert v["corrupt"] >= 1
+    assert out[0]["bytes"]["parity"] > 0 and out[0]["bytes"]["durable"] == 0
 
 
 def test_node_lost_during_replication_uses_previous_protected_step(tmp_path):

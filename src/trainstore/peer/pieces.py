@@ -133,6 +133,17 @@ class Pieces:
             raise IntegrityError(f"peer parity block {base} of {self.root}: content does not match its hash")
         return block
 
+    def parity_blocks(self, step: int) -> set[tuple[int, int]]:
+        """``(stripe, j)`` of every parity block of ``step`` held here, with its hash record:
+        one listing, no block read (a recovery checks a block when it sends it)."""
+        names = {m.key.rsplit("/", 1)[-1] for m in self.store.list(f"parity/{_step_key(step)}/")}
+        out = set()
+        for name in names:
+            stripe, _, j = name.partition(".")
+            if stripe.isdigit() and j.isdigit() and f"{name}.json" in names:
+                out.add((int(stripe), int(j)))
+        return out
+
     def parity_steps(self) -> list[int]:
         return sorted({int(m.key.split("/")[1]) for m in self.store.list("parity/")})
 

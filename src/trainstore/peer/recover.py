@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from ..checkpoint import manifest as mf
 from ..errors import TrainstoreError
 from .context import PeerContext
-from .erasure import block_len, decode_stripe, slice_span
-from .plan import Plan, inventory, make_plan, own_slice, rec_from_json
+from .erasure import decode_stripe, slice_span
+from .pieces import Record
+from .plan import Plan, inventory, make_plan, rec_from_json
+from .stripes import Stripes, block_pieces, complete_stripes
 from .transport import Piece
 
 Buffer = bytes | bytearray | memoryview
@@ -123,29 +125,36 @@ def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
             if src == ctx.me:
                 n = int(plan.records[L][0]["keys"].get(key, 0))
                 out.setdefault(L, []).append(Piece(f"c:{key}", n, lambda key=key: ctx.pieces.chunk(key) or b""))
-    for L, blocks in plan.blocks.items():
-        for s_step, stripe, j, src in blocks:
-            if src == ctx.me:
-                n = block_len(plan.slice_lens[(s_step, stripe)])
-                out.setdefault(L, []).append(Piece(f"b:{s_step}:{stripe}:{j}", n,
-                                                   lambda a=s_step, s=stripe, j=j, n=n: _block(ctx, a, s, j, n)))
+    for L, pieces in block_pieces(ctx, plan, plan.blocks, refs).items():
+        out.setdefault(L, []).extend(pieces)
     t = time.perf_counter()
     got = ctx.transport.exchange(out)
     report.phases["exchange_s"] = time.perf_counter() - t
-    writer, failed, durable, error = None, [], set(), None
+    rx: _Received | None = None
+    failed, durable, error = [], set(plan.durable.get(ctx.me, [])), None
     try:
         if ctx.me in plan.lost:
             try:
-                writer, failed, durable = _rebuild(ctx, plan, got, report)
+                rx = _receive(ctx, plan, got, report)
             except TrainstoreError as exc:  # raised after the retry rounds, which every node takes part in
                 error = exc
         t = time.perf_counter()
+        if ctx.policy.parity and plan.lost:
+            report.corrupt += complete_stripes(ctx, plan, rx.stripes if rx is not None else None, refs)
+        if rx is not None and error is None:
+            try:
+                _decode(ctx, plan, rx, report, durable)
+                t_w = time.perf_counter()
+                failed = rx.writer.finish(report, durable)
+                report.phases["write_wait_s"] = time.perf_counter() - t_w
+            except TrainstoreError as exc:
+                error = exc
         if ctx.policy.replicas and plan.lost:
-            _replica_retries(ctx, plan, report, failed, writer, durable)
+            _replica_retries(ctx, plan, report, failed, rx.writer if rx is not None else None, durable)
         report.phases["retry_s"] = time.perf_counter() - t
     finally:
-        if writer is not None:
-            writer.close()
+        if rx is not None:
+            rx.writer.close()
     if error is not None:
         raise error
     if ctx.me in plan.lost:
@@ -155,14 +164,6 @@ def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
         rec = ctx.pieces.record(ctx.me, plan.step)
         report.bytes["local"] = sum(rec.keys.values()) if rec is not None else 0
     return report
-
-
-def _block(ctx: PeerContext, step: int, stripe: int, j: int, n: int) -> bytes:
-    if j < ctx.policy.data:
-        data = own_slice(ctx, step, j)
-        return data + b"\0" * (n - len(data))
-    block = ctx.pieces.parity(step, stripe, j)
-    return block or b""
 
 
 class _Writer:
@@ -251,10 +252,19 @@ def _replica_retries(ctx: PeerContext, plan: Plan, report: RecoveryReport, faile
             failed = writer.finish(report, durable)
 
 
-def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, Buffer]]],
-             report: RecoveryReport) -> tuple[_Writer, list[str], set[str]]:
-    """Check and write what the peers sent; returns the writer (for retries), the replica
-    chunks that failed their check, and the chunks left to the durable tier."""
+@dataclass
+class _Received:
+    """What a lost node got in the first exchange: its records, the writer (replica chunks
+    queued), the stripe blocks."""
+
+    recs: list[Record]
+    writer: _Writer
+    stripes: Stripes
+
+
+def _receive(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, Buffer]]],
+             report: RecoveryReport) -> _Received:
+    """Check the manifests, keep the records, queue the replica chunks, keep the stripe blocks."""
     t = time.perf_counter()
     items = [it for src in sorted(got) for it in got[src]]
     m = None
@@ -272,44 +282,44 @@ def _rebuild(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, Buffer
     recs = [rec_from_json(r) for r in plan.records[ctx.me]]
     for rec in recs:  # the node knows its own chunks again (its next protection sends everything)
         ctx.pieces.put_record(rec)
-    wanted = recs[0].keys
-    durable = set(plan.durable.get(ctx.me, []))
     writer = _Writer(ctx, plan.step, ctx.refs(m))
     report.phases["manifests_s"] = time.perf_counter() - t
-    t = time.perf_counter()
     for name, data in items:
         if name.startswith("c:"):
             writer.keep(name[2:], data, "peer")
-    blocks: dict[tuple[int, int], dict[int, Buffer]] = {}
-    for name, data in items:
-        if name.startswith("b:"):
-            _, a, s, j = name.split(":")
-            blocks.setdefault((int(a), int(s)), {})[int(j)] = data
+    stripes = Stripes.planned(ctx, plan)
+    stripes.receive(items)
+    return _Received(recs, writer, stripes)
+
+
+def _decode(ctx: PeerContext, plan: Plan, rx: _Received, report: RecoveryReport, durable: set[str]) -> None:
+    """Decode this node's slices from the completed stripes and queue their chunks; a bundle
+    with a stripe left short is left to the durable tier."""
+    t = time.perf_counter()
+    if not ctx.policy.parity:
+        return
+    wanted = rx.recs[0].keys
     k, g = ctx.policy.data, ctx.policy.group
-    _, pos = ctx.group_of(ctx.me) if ctx.policy.parity else (0, 0)
-    for rec in recs:
+    _, pos = ctx.group_of(ctx.me)
+    for rec in rx.recs:
         slices: list[Buffer] = []
-        for t_ in range(k if ctx.policy.parity else 0):
+        for t_ in range(k):
             if slice_span(rec.bundle_len, k, t_)[1] == 0:
                 continue
             stripe = (pos - t_) % g
-            if (rec.step, stripe) not in blocks:
+            blocks = rx.stripes.blocks(rec.step, stripe)
+            if blocks is None:
                 break
-            slices.extend(decode_stripe(blocks[(rec.step, stripe)], k, g, plan.slice_lens[(rec.step, stripe)],
-                                        want=[t_]))
+            slices.extend(decode_stripe(blocks, k, g, plan.slice_lens[(rec.step, stripe)], want=[t_]))
         else:
-            if not rec.bundle or not ctx.policy.parity:
+            if not rec.bundle:
                 continue
             cut, at = _cutter(slices), 0
             for key, n in rec.bundle:
                 if key in wanted and key not in durable and not ctx.hot.exists(key):
-                    writer.keep(key, cut(at, n), "parity")
+                    rx.writer.keep(key, cut(at, n), "parity")
                 at += n
     report.phases["decode_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    failed = writer.finish(report, durable)
-    report.phases["write_wait_s"] = time.perf_counter() - t
-    return writer, failed, durable
 
 
 def _cutter(slices: list[Buffer]):  # noqa: ANN202 - a small closure factory
