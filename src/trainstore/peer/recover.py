@@ -10,8 +10,9 @@
    its hash and writes it to its hot tier (on a few threads) - so the checkpoint restores from
    local disk and the node holds its chunks again before the next failure. A replica chunk
    that fails its hash is asked of the next holder (``_replica_retries``; every node counts
-   it as corrupt); a chunk no peer could give, or a decoded one that failed its hash, is left
-   to the durable tier and counted.
+   it as corrupt); a stripe block that fails its check at its sender is replaced by a spare
+   block of the stripe (``stripes.complete_stripes``, counted the same way); a chunk no peer
+   could give, or a decoded one that failed its hash, is left to the durable tier and counted.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
         t = time.perf_counter()
         if ctx.policy.parity and plan.lost:
             report.corrupt += complete_stripes(ctx, plan, rx.stripes if rx is not None else None, refs)
+        retry_s = time.perf_counter() - t
         if rx is not None and error is None:
             try:
                 _decode(ctx, plan, rx, report, durable)
@@ -149,9 +151,10 @@ def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
                 report.phases["write_wait_s"] = time.perf_counter() - t_w
             except TrainstoreError as exc:
                 error = exc
+        t = time.perf_counter()
         if ctx.policy.replicas and plan.lost:
             _replica_retries(ctx, plan, report, failed, rx.writer if rx is not None else None, durable)
-        report.phases["retry_s"] = time.perf_counter() - t
+        report.phases["retry_s"] = retry_s + time.perf_counter() - t
     finally:
         if rx is not None:
             rx.writer.close()
