@@ -12,6 +12,10 @@ restore after the cache lost them: raw pieces then come with ``O_DIRECT``); ``VA
 the same-sized torch file, for comparison.
 
     .venv/bin/python benchmarks/restore_profile.py --gib 1 --repeats 2
+    .venv/bin/python benchmarks/restore_profile.py --gpt --variants torch_load,full,incr --repeats 3
+
+``--gpt``: the GPT + AdamW state of benchmarks/checkpoint.py (b) instead, its step 2 the same
+state scaled by (1 + 1e-4) (``checkpoint_cold.stepped``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import threading
 import time
 
 import torch
+from checkpoint import trained_gpt_state  # benchmarks/, the script's folder
+from checkpoint_cold import stepped
 
 from trainstore import codecs_bytegroup, hostmem
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, chunkread, reader
@@ -101,19 +107,24 @@ def child(variant: str, work: str) -> dict:
     state = mgr.restore(step=step)
     total, cpu = time.perf_counter() - t, time.process_time() - cpu
     mgr.close()
-    assert len(state) == 16
+    assert state
     return {"total": total, "cpu": cpu, "open manager": opened, **dict(_times)}
 
 
-def prepare(work: str, gib: float) -> None:
-    torch.manual_seed(0)
-    per = int(gib * (1 << 30)) // 4 // 16
-    state = {f"t{i}": torch.randn(per) for i in range(16)}
+def prepare(work: str, gib: float, gpt: bool = False) -> None:
+    if gpt:
+        state = trained_gpt_state(False)
+        step2 = stepped(state)
+    else:
+        torch.manual_seed(0)
+        per = int(gib * (1 << 30)) // 4 // 16
+        state = {f"t{i}": torch.randn(per) for i in range(16)}
+        step2 = {k: v * (1 + 1e-4) for k, v in state.items()}
     torch.save(state, os.path.join(work, "state.pt"))
     mgr = CheckpointManager(os.path.join(work, "ts"), job="prof",
                             policy=CheckpointPolicy(full_every=1, incremental_every=None))
     mgr.save(1, state, blocking=True)
-    mgr.save(2, {k: v * (1 + 1e-4) for k, v in state.items()}, blocking=True, kind="incremental")
+    mgr.save(2, step2, blocking=True, kind="incremental")
     mgr.close()
 
 
@@ -122,6 +133,7 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--gpt", action="store_true", help="the GPT + AdamW state instead of --gib float32")
     ap.add_argument("--keep", help="prepare into (or reuse) this directory and keep it")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -134,14 +146,15 @@ def main() -> None:
     try:
         if not os.path.exists(os.path.join(work, "state.pt")):
             os.makedirs(work, exist_ok=True)
-            prepare(work, args.gib)
+            prepare(work, args.gib, args.gpt)
         runs: dict[str, list[dict]] = collections.defaultdict(list)
         for _ in range(args.repeats):
             for v in args.variants.split(","):
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", v, "--work", work],
                                      capture_output=True, text=True, check=True).stdout
                 runs[v].append(json.loads(out.strip().splitlines()[-1]))
-        print(f"{args.gib:g} GiB float32, 16 tensors; medians of {args.repeats} fresh processes; "
+        what = "GPT + AdamW state" if args.gpt else f"{args.gib:g} GiB float32, 16 tensors"
+        print(f"{what}; medians of {args.repeats} fresh processes; "
               f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         for v, rs in runs.items():
             keys = sorted({k for r in rs for k in r if k != "variant"}, key=lambda k: (k != "total", k != "cpu", k))

@@ -39,6 +39,7 @@ pl = importlib.import_module("lightning.pytorch" if UNIFIED else "pytorch_lightn
 ts = importlib.import_module("trainstore.integrations.lightning_unified" if UNIFIED else "trainstore.integrations.lightning")
 
 ROWS = 64
+BATCH = 4
 
 
 def _destroy_process_groups() -> None:
@@ -52,7 +53,6 @@ def _destroy_process_groups() -> None:
 
 
 atexit.register(_destroy_process_groups)
-BATCH = 4
 
 
 class Tiny(pl.LightningModule):

@@ -192,12 +192,17 @@ def test_corrupt_parity_block_other_blocks_used(tmp_path):
         assert v["corrupt"] >= 1
 
 
-def test_corrupt_data_slice_found_by_its_sender(tmp_path):
+@pytest.mark.parametrize("slice_hashes", [True, False])
+def test_corrupt_data_slice_found_by_its_sender(tmp_path, slice_hashes):
     """A chunk of a survivor's bundle rots in its hot tier: the slice it sends for the lost
-    node's stripe fails its recorded hash, is not sent, and a parity block replaces it; the
-    survivor's own restore repairs the chunk from the durable tier."""
+    node's stripe fails its recorded hash (or, in a record without slice hashes, the chunk its
+    manifest hash), is not sent, and a parity block replaces it; the survivor's own restore
+    repairs the chunk from the durable tier."""
     _save(tmp_path, 6, {"data": 4, "parity": 2})
-    rec = json.loads((tmp_path / "peer1" / "records" / "000001" / "000000000020.json").read_bytes())
+    path = tmp_path / "peer1" / "records" / "000001" / "000000000020.json"
+    rec = json.loads(path.read_bytes())
+    if not slice_hashes:
+        path.write_text(json.dumps({k: v for k, v in rec.items() if k != "slices"}))
     # node 1 holds data slice 1 of stripe 0, one of node 0's stripes: rot the chunk in its middle
     start, length = slice_span(sum(n for _, n in rec["bundle"]), 4, 1)
     at, key = 0, None

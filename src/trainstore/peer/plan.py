@@ -40,13 +40,12 @@ class Plan:
     missing_at: dict[int, dict[int, set[str]]] = field(default_factory=dict)  # lost -> holder -> keys it lacks
     spare: dict[int, dict[tuple[int, int], list[tuple[int, int]]]] = field(default_factory=dict)  # lost ->
     # (step, stripe) -> the stripe's other blocks (j, node), asked for when a planned one fails
-    corrupt: int = 0
     missing: str = ""
 
 
 def inventory(ctx: PeerContext, step: int, lost: list[int], refs: dict) -> dict:
     """This node's JSON inventory for rebuilding ``lost`` nodes' chunks of ``step``."""
-    inv: dict = {"records": {}, "bad": {}, "data_ok": [], "parity": [], "corrupt": 0, "lens": {}}
+    inv: dict = {"records": {}, "bad": {}, "data_ok": [], "parity": [], "lens": {}}
     if ctx.me in lost:
         return inv
     held: set[str] | None = None
@@ -96,7 +95,7 @@ def rec_from_json(obj: dict) -> Record:
 
 def make_plan(ctx: PeerContext, step: int, lost: list[int], invs: list[dict]) -> Plan:
     """The transfers that rebuild every lost node's chunks of ``step`` (module docstring)."""
-    plan = Plan(step, lost, corrupt=sum(int(i.get("corrupt", 0)) for i in invs))
+    plan = Plan(step, lost)
     for L in lost:
         holders = [n for n in range(ctx.nodes) if str(L) in invs[n]["records"]]
         if not holders:

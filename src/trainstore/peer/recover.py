@@ -109,7 +109,7 @@ def _refs(ctx: PeerContext, step: int, lost: list[int]) -> dict:
 
 
 def _execute(ctx: PeerContext, plan: Plan, refs: dict) -> RecoveryReport:
-    report = RecoveryReport(plan.step, plan.lost, corrupt=plan.corrupt)
+    report = RecoveryReport(plan.step, plan.lost)
     out: dict[int, list[Piece]] = {}
     first_alive = min(n for n in range(ctx.nodes) if n not in plan.lost)
     if ctx.me == first_alive and plan.lost:  # the manifest, and the base an incremental loads with it
@@ -298,9 +298,9 @@ def _receive(ctx: PeerContext, plan: Plan, got: dict[int, list[tuple[str, Buffer
 def _decode(ctx: PeerContext, plan: Plan, rx: _Received, report: RecoveryReport, durable: set[str]) -> None:
     """Decode this node's slices from the completed stripes and queue their chunks; a bundle
     with a stripe left short is left to the durable tier."""
-    t = time.perf_counter()
     if not ctx.policy.parity:
         return
+    t = time.perf_counter()
     wanted = rx.recs[0].keys
     k, g = ctx.policy.data, ctx.policy.group
     _, pos = ctx.group_of(ctx.me)

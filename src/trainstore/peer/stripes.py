@@ -34,22 +34,25 @@ def checked_slice(ctx: PeerContext, step: int, j: int, refs: dict[str, ChunkRef]
         raise IntegrityError(f"node {ctx.me} has no record of its step {step}")
     k = ctx.policy.data
     start, length = slice_span(rec.bundle_len, k, j)
-    data = bundle_reader(ctx.hot, rec.bundle)(start, length)
     if len(rec.slices) == k:
+        data = bundle_reader(ctx.hot, rec.bundle)(start, length)
         if content_hash(data) != rec.slices[j]:
             raise IntegrityError(f"data slice {j} of node {ctx.me}'s step {step} does not match its recorded hash")
         return data
-    at = 0  # no slice hashes recorded: every chunk the slice touches, by its manifest hash
+    parts, at = [], 0  # no slice hashes recorded: each chunk the slice touches, read once and checked
     for key, n in rec.bundle:
         lo, hi = max(start, at), min(start + length, at + n)
-        ref = refs.get(key)
-        if lo < hi and ref is not None:
-            try:
-                ctx.chunks.check(ref, bytes(ctx.hot.get(key)), key=key)
-            except TrainstoreError as exc:
-                raise IntegrityError(f"data slice {j} of node {ctx.me}'s step {step}: {exc}") from exc
+        if lo < hi:
+            whole = bytes(ctx.hot.get(key))
+            ref = refs.get(key)
+            if ref is not None:
+                try:
+                    ctx.chunks.check(ref, whole, key=key)
+                except TrainstoreError as exc:
+                    raise IntegrityError(f"data slice {j} of node {ctx.me}'s step {step}: {exc}") from exc
+            parts.append(whole[lo - at:hi - at])
         at += n
-    return data
+    return b"".join(parts)
 
 
 def send_block(ctx: PeerContext, step: int, stripe: int, j: int, n: int, refs: dict[str, ChunkRef]) -> bytes:
