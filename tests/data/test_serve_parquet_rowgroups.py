@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -151,6 +152,31 @@ def test_trainstore_parquet_shards_carry_page_checksums(tmp_path):
         ds[PER_GROUP + 2]  # by byte ranges: the page CRC
     with pytest.raises(IntegrityError, match=r"00000\.parquet"):
         ds.take([0])  # the whole file: its BLAKE3 when filled into the node cache
+
+
+def test_trainstore_parquet_float_columns_are_byte_stream_split(tmp_path):
+    """float32/float64 leaves (scalars and lists) are written ``BYTE_STREAM_SPLIT`` (smaller,
+    faster to decode); float16 (DuckDB cannot read it split) and the rest are not; the values
+    come back unchanged through pyarrow and through DuckDB."""
+    x = np.random.default_rng(3).standard_normal((40, 16))
+    table = pa.table({
+        "i": np.arange(40, dtype=np.int64),
+        "x": pa.FixedSizeListArray.from_arrays(pa.array(x.astype(np.float32).reshape(-1)), 16),
+        "d": x[:, 0],
+        "l": pa.array([[list(r[:3])] for r in x], type=pa.list_(pa.list_(pa.float64()))),
+        "h": x[:, 1].astype(np.float16),
+    })
+    buf = PARQUET.encode(table, row_group_size=PER_GROUP)
+    meta = pq.read_metadata(pa.BufferReader(buf))
+    group = meta.row_group(0)
+    split = {group.column(c).path_in_schema: "BYTE_STREAM_SPLIT" in group.column(c).encodings
+             for c in range(group.num_columns)}
+    assert split == {"i": False, "x.list.element": True, "d": True, "l.list.element.list.element": True, "h": False}
+    assert pq.read_table(pa.BufferReader(buf)).equals(table)
+    path = tmp_path / "t.parquet"
+    path.write_bytes(buf.to_pybytes())
+    rows = duckdb.sql(f"select i, x[1], d, l[1][2] from read_parquet('{path}') order by i").fetchall()
+    assert rows[5] == (5, float(np.float32(x[5, 0])), x[5, 0], x[5, 1])
 
 
 def test_remote_read_fetches_only_the_needed_ranges(tmp_path, s3_url):

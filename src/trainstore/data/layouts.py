@@ -111,21 +111,35 @@ def rows_per_group(table: pa.Table, target_bytes: int = ROW_GROUP_BYTES) -> int:
     return max(1, table.num_rows * target_bytes // table.nbytes)
 
 
-def _leaf_type(t: pa.DataType) -> pa.DataType:
+def _leaf_path(name: str, t: pa.DataType) -> tuple[str, pa.DataType]:
+    """The Parquet column path of a field's leaf values (``x.list.element`` for a list of
+    floats) and their type."""
     while True:
         if isinstance(t, pa.BaseExtensionType):
             t = t.storage_type
         elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            t = t.value_type
+            name, t = f"{name}.list.element", t.value_type
         else:
-            return t
+            return name, t
+
+
+def split_columns(schema: pa.Schema) -> dict[str, str]:
+    """``BYTE_STREAM_SPLIT`` for float32/float64 leaves (tensors, embeddings): their bytes
+    grouped by significance compress smaller and decode ~1.4x faster than plain pages
+    (docs/benchmarks.md, "Serving Parquet directly"). Not float16: DuckDB cannot read it."""
+    out = {}
+    for f in schema:
+        path, leaf = _leaf_path(f.name, f.type)
+        if pa.types.is_float32(leaf) or pa.types.is_float64(leaf):
+            out[path] = "BYTE_STREAM_SPLIT"
+    return out
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
     """Columns worth dictionary encoding: all but floating-point ones (tensors, embeddings),
     whose values rarely repeat - there the writer's attempt only falls back to plain pages
     after a dictionary page, larger files and several times slower decoding."""
-    return [f.name for f in schema if not pa.types.is_floating(_leaf_type(f.type))]
+    return [f.name for f in schema if not pa.types.is_floating(_leaf_path(f.name, f.type)[1])]
 
 
 class _ParquetFile(ShardFile):
@@ -187,13 +201,15 @@ class ParquetLayout(ShardLayout):
                row_group_size: int | None = None, **_: Any) -> pa.Buffer:
         """Row groups of ``row_group_size`` rows (default: about ``ROW_GROUP_BYTES`` of
         Arrow data each, the unit a row-group reader decodes), with page CRCs (what a reader
-        of byte ranges, which cannot check the whole file's hash, verifies)."""
+        of byte ranges, which cannot check the whole file's hash, verifies), float columns
+        byte-stream-split (``split_columns``), the others dictionary-encoded."""
         if row_group_size is None:
             row_group_size = rows_per_group(table)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression=compression, compression_level=compression_level,
                        row_group_size=row_group_size, write_page_checksum=True,
-                       use_dictionary=dictionary_columns(table.schema))
+                       use_dictionary=dictionary_columns(table.schema),
+                       column_encoding=split_columns(table.schema))
         return sink.getvalue()
 
     def open(self, source: ShardSource) -> ShardFile:
