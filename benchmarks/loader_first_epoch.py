@@ -5,7 +5,8 @@ writes leave a just-written dataset in the page cache, so the node cache's first
 from memory instead of the disk. Each measurement is a new process that writes the small
 workload of benchmarks/loader.py (3,072 x 115 KB float32 samples, 64 MiB shards) with
 ``direct_io`` on or off, then times three epochs of a fresh ``Loader`` (batch 128, two
-workers, node cache on the same disk, no compute): ms per batch. Variants interleave per round.
+workers, node cache on the same disk, no compute): ms per batch, and the write's own time (ms,
+until the version is committed). Variants interleave per round.
 
     .venv/bin/python benchmarks/loader_first_epoch.py --rounds 3
 """
@@ -36,11 +37,13 @@ def child(direct: bool, mode: str) -> dict:
     try:
         x = np.random.default_rng(0).standard_normal((SAMPLES, *SHAPE), dtype=np.float32)
         store = LocalStore(os.path.join(root, "durable"), direct_io=direct)
+        t = time.perf_counter()
         write_arrow_dataset(store, "bench", {"x": x}, (64 << 20) // x[0].nbytes)
+        write_ms = (time.perf_counter() - t) * 1000
         del x
         ds = Dataset(store, "bench@1", cache_dir=os.path.join(root, "hot"))
         loader = Loader(ds, BATCH, seed=0, shuffle_mode=mode, workers=2, prefetch=4, block_shards=2)
-        out = {}
+        out = {"write (ms)": write_ms}
         for epoch in range(3):
             t, n = time.perf_counter(), 0
             for _ in loader:

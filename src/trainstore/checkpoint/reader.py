@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..chunks import ChunkStore, content_hash
+from ..chunks import ChunkRef, ChunkStore, content_hash
 from ..errors import (
     CapacityError,
     ChunkCorruptError,
@@ -37,12 +37,14 @@ from ..errors import (
     ManifestError,
     NotFoundError,
     RestoreIncompleteError,
+    StoreError,
 )
 from ..hostmem import HUGE_PAGE, empty_array, empty_tensor
-from .chunkread import get_into as _get_into
+from .chunkread import get_into as _get_into, read_local
 from .delta import DeltaApply, scratch, xor_into
 from .manifest import Manifest, TensorEntry
 from .packs import PackRead, group_packed, read_pack
+from .ready import ReadyReads
 from .state import PARTIAL_KEY, flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten
 
 try:
@@ -66,30 +68,31 @@ HOSTMEM_MIN_BYTES = HUGE_PAGE
 HUGE_PAGES = False
 
 
-def _read_piece(chunks: ChunkStore, entry: Any, out: Any) -> None:
+def _read_piece(chunks: ChunkStore, entry: Any, out: Any, ready: ReadyReads | None = None) -> None:
     """Read one piece into ``out`` (a ``PackRead``: its members into the list ``out``); a
     chunk that does not exist raises ``ChunkMissingError`` (an integrity failure of the
-    checkpoint, unlike e.g. an I/O error)."""
+    checkpoint, unlike e.g. an I/O error). ``ready``: the restore-ready copies of the step."""
     try:
         if isinstance(entry, PackRead):
             read_pack(chunks, entry, out, _get_into)
         elif entry.span is not None:  # one packed piece alone
             read_pack(chunks, PackRead(entry.ref, (entry,)), [out], _get_into)
         else:
-            _read_piece_checked(chunks, entry, out)
+            _read_piece_checked(chunks, entry, out, ready)
     except NotFoundError as exc:
         if isinstance(exc, IntegrityError):
             raise
         raise ChunkMissingError(f"missing chunk: {exc}") from None
 
 
-def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None:
+def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray, ready: ReadyReads | None = None) -> None:
     """Read one piece into ``out``. An XOR delta and its base chunk are not hashed one by one:
     the reconstructed piece is checked against its recorded BLAKE3 hash, which verifies both
     inputs at once (one hash pass instead of three); only on a mismatch are the two chunks
     checked separately, to name the corrupt one. The delta is decoded into a per-thread
     buffer first; the base is then read straight into ``out`` and each block XORed and
-    hashed as it lands (``DeltaApply``)."""
+    hashed as it lands (``DeltaApply``). A delta piece with a restore-ready copy (``ready``)
+    is read from it instead, like a raw piece; a missing or bad copy falls back to the delta."""
     view = memoryview(out)
     if entry.ref.size != view.nbytes:
         raise ManifestError(f"chunk {entry.ref.hash[:12]} is {entry.ref.size} bytes, its slot {view.nbytes}")
@@ -98,6 +101,8 @@ def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None
         return
     if entry.base.size != view.nbytes:
         raise ManifestError(f"base chunk {entry.base.hash[:12]} is {entry.base.size} bytes, its slot {view.nbytes}")
+    if ready is not None and _read_ready(chunks, entry, view, ready):
+        return
     delta = scratch(view.nbytes)
     _get_into(chunks, entry.ref, memoryview(delta), verify=False)
     apply = DeltaApply(delta, out)
@@ -111,6 +116,22 @@ def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray) -> None
             return
         raise ChunkCorruptError(f"chunk {entry.ref.key(chunks.prefix)} XOR base {entry.base.key(chunks.prefix)}: "
                                 "result does not match the recorded hash")
+
+
+def _read_ready(chunks: ChunkStore, entry: Any, view: memoryview, ready: ReadyReads) -> bool:
+    """Read a delta piece from its restore-ready copy (checked against the piece's hash as it
+    is read); False when there is none or it is bad (``out`` is then rewritten whole)."""
+    path = ready.path(entry.content_hash)
+    if path is None:
+        return False
+    ref = ChunkRef(entry.content_hash, "raw", view.nbytes, view.nbytes, entry.ref.itemsize)
+    try:
+        read_local(chunks, ref, view, True, path)
+    except (NotFoundError, IntegrityError, StoreError):
+        ready.count(None)
+        return False
+    ready.count(view.nbytes)
+    return True
 
 
 def _pieces(entry: TensorEntry, dst: np.ndarray) -> list[tuple[Any, np.ndarray]]:
@@ -132,10 +153,11 @@ def _piece_buffer(n: int) -> np.ndarray:
     return buf[:n]
 
 
-def _check_piece(chunks: ChunkStore, piece: Any, copy_to: np.ndarray | None) -> None:
+def _check_piece(chunks: ChunkStore, piece: Any, copy_to: np.ndarray | None,
+                 ready: ReadyReads | None = None) -> None:
     """Read and verify ``piece`` into a per-thread buffer; then copy it to ``copy_to`` if given."""
     buf = _piece_buffer(piece.size)
-    _read_piece(chunks, piece, buf)
+    _read_piece(chunks, piece, buf, ready)
     if copy_to is not None:
         np.copyto(copy_to, buf)
 
@@ -149,9 +171,10 @@ def _run(workers: int, fn: Any, tasks: list[tuple[Any, ...]]) -> None:
             f.result()
 
 
-def _fill(chunks: ChunkStore, jobs: list[tuple[TensorEntry, np.ndarray]], workers: int) -> None:
+def _fill(chunks: ChunkStore, jobs: list[tuple[TensorEntry, np.ndarray]], workers: int,
+          ready: ReadyReads | None = None) -> None:
     tasks = group_packed([(p, d) for entry, dst in jobs for p, d in _pieces(entry, dst)])
-    _run(workers, lambda p, d: _read_piece(chunks, p, d), tasks)
+    _run(workers, lambda p, d: _read_piece(chunks, p, d, ready), tasks)
 
 
 def _check_size(entry: TensorEntry, itemsize: int) -> None:
@@ -191,15 +214,16 @@ def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
     return a, a.reshape(-1).view(np.uint8)
 
 
-def load_state(chunks: ChunkStore, manifest: Manifest, workers: int = 4) -> Any:
-    """Rebuild the saved state with freshly allocated tensors."""
+def load_state(chunks: ChunkStore, manifest: Manifest, workers: int = 4, ready: ReadyReads | None = None) -> Any:
+    """Rebuild the saved state with freshly allocated tensors (``ready``: the step's
+    restore-ready copies, ``checkpoint.ready``)."""
     leaves: dict[str, Any] = {}
     jobs = []
     for name, entry in manifest.tensors.items():
         obj, raw = _new_leaf(entry)
         leaves[name] = obj
         jobs.append((entry, raw))
-    _fill(chunks, jobs, workers)
+    _fill(chunks, jobs, workers, ready)
     return unflatten(manifest.skeleton, lambda tag, name: _lookup(leaves, name), _partial(manifest))
 
 
@@ -238,7 +262,7 @@ def _scratch_for(entry: TensorEntry, budget: int) -> np.ndarray | None:
 
 
 def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int = 4,
-              scratch_bytes: int = SCRATCH_BYTES) -> Any:
+              scratch_bytes: int = SCRATCH_BYTES, ready: ReadyReads | None = None) -> Any:
     """Fill the tensors of ``target`` in place and copy its other values; returns ``target``.
 
     Nothing in ``target`` changes unless every piece of the checkpoint reads and verifies
@@ -287,7 +311,8 @@ def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int 
     tasks = [(p, d) for entry, dst in fill_jobs for p, d in _pieces(entry, dst)]
     tasks += [(p, None) for entry, dst in twice for p, _ in _pieces(entry, dst)]
     tasks = group_packed(tasks)  # members of one pack: one task (a PackRead, its list of dsts)
-    _run(workers, lambda p, d: _read_piece(chunks, p, d) if d is not None else _check_piece(chunks, p, None), tasks)
+    _run(workers, lambda p, d: _read_piece(chunks, p, d, ready) if d is not None else _check_piece(chunks, p, None, ready),
+         tasks)
     # pass 2: write the target
     for buf, direct in staged:
         np.copyto(direct, buf)
@@ -298,7 +323,7 @@ def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int 
             with torch.no_grad():
                 obj.copy_(tmp)
     try:
-        _run(workers, lambda p, d: _check_piece(chunks, p, d),
+        _run(workers, lambda p, d: _check_piece(chunks, p, d, ready),
              [(p, d) for entry, dst in twice for p, d in _pieces(entry, dst)])
     except Exception as exc:  # the target is written in part: say so, whatever failed
         raise RestoreIncompleteError(

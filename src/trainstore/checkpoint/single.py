@@ -21,6 +21,7 @@ from . import layout, lease, lossy, manifest as mf
 from .backend import SaveBackend, SaveContext
 from .manifest import ChunkEntry, Manifest, TensorEntry
 from .reader import load_into, load_state
+from .ready import ReadyCopies, delta_pieces
 from .staging import Arena, StagedTensor, Stager, plan, plan_sizes, template_sizes
 from .state import flatten
 from .types import CheckpointInfo
@@ -38,6 +39,8 @@ class SingleProcessBackend(SaveBackend):
         self._base: Manifest | None = None  # last full checkpoint committed through this backend
         self._base_views: dict[str, memoryview] | None = None
         self._base_arena: Arena | None = None
+        self.ready = ReadyCopies(ctx.store, ctx.job)
+        self._ready_unknown = True  # copies of other steps may exist (from an earlier process)
 
     def check_free(self, step: int) -> None:
         fast = self.ctx.store.tiers()[0]  # remote tiers are asked on the save thread (write)
@@ -93,6 +96,7 @@ class SingleProcessBackend(SaveBackend):
                        since_created=time.time() - float(metadata["created"]), logical_bytes=stats.logical_bytes,
                        stored_bytes=stats.stored_bytes, written_bytes=stats.written_bytes, pieces=stats.pieces,
                        same_as_base=stats.same_as_base, deltas=stats.deltas)
+            self._after_commit(m, {t.name: t.data for t in tensors})
             if kind == "full":
                 if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every:
                     self._set_base(m, {t.name: t.data for t in tensors}, arena)
@@ -105,9 +109,31 @@ class SingleProcessBackend(SaveBackend):
                 self.stager.release(arena)
 
     def load(self, manifest: Manifest, into: Any, scratch_bytes: int) -> Any:
+        ready = self.ready.reads(manifest.step) if manifest.kind == "incremental" else None
         if into is None:
-            return load_state(self.ctx.chunks, manifest, self.ctx.read_workers)
-        return load_into(self.ctx.chunks, manifest, into, self.ctx.read_workers, scratch_bytes)
+            state = load_state(self.ctx.chunks, manifest, self.ctx.read_workers, ready)
+        else:
+            state = load_into(self.ctx.chunks, manifest, into, self.ctx.read_workers, scratch_bytes, ready)
+        if ready is not None and (ready.used or ready.fallbacks):
+            self.ctx.notify("restore_ready_copies", step=manifest.step, pieces=ready.used, bytes=ready.used_bytes,
+                            fallbacks=ready.fallbacks)
+        return state
+
+    def _after_commit(self, m: Manifest, data: dict[str, memoryview]) -> None:
+        """Restore-ready copies of an incremental's changed pieces (``checkpoint.ready``); the
+        copies of every other step go (best effort: the checkpoint is committed already)."""
+        if not self.ready.writable:
+            return
+        if m.kind == "incremental" and self.ctx.policy.ready_copies:
+            t0 = time.perf_counter()
+            n = self.ready.write(m.step, ((h, data[name][start:start + size])
+                                          for name, h, start, size in delta_pieces(m)))
+            self.ready.prune(keep=m.step)
+            self._ready_unknown = True
+            self.ctx.notify("ready_copies_written", step=m.step, bytes=n, seconds=time.perf_counter() - t0)
+        elif self._ready_unknown:
+            self.ready.prune(keep=None)
+            self._ready_unknown = False
 
     def lineage_changed(self) -> None:
         old, self._base, self._base_views, self._base_arena = self._base_arena, None, None, None
@@ -115,6 +141,7 @@ class SingleProcessBackend(SaveBackend):
             self.stager.release(old)
 
     def close(self) -> None:
+        self.ready.close()
         self._base_views = None
         self._base_arena = None
 

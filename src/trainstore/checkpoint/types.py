@@ -25,7 +25,11 @@ class CheckpointPolicy:
     ``on_busy``: a save while another is in flight ``"wait"``s for it or is ``"skip"``ped with a
     warning. ``keep_base_in_memory``: keep the last full checkpoint's host copy so
     incrementals XOR against memory instead of re-reading the store (costs one state-sized
-    buffer).
+    buffer). ``ready_copies``: after an incremental commits, write the raw bytes of its
+    changed pieces to the local tier, so restoring the newest checkpoint reads them instead of
+    decoding deltas (``checkpoint.ready``: costs one raw write of the changed pieces per
+    incremental and that much local disk for the newest step only); False writes none and
+    drops existing ones at the next save.
 
     ``optimizer_moments``: ``"lossless"`` (default, bit-exact), or opt-in lossy storage of
     float32 Adam/AdamW moments (``exp_avg``, ``exp_avg_sq``): ``"bf16"`` or
@@ -37,6 +41,7 @@ class CheckpointPolicy:
     incremental_every: int | None = 100
     on_busy: str = "wait"
     keep_base_in_memory: bool = True
+    ready_copies: bool = True
     optimizer_moments: str = "lossless"
 
     def __post_init__(self) -> None:
