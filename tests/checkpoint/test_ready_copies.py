@@ -92,6 +92,26 @@ def test_bad_or_missing_copy_falls_back_to_the_delta(tmp_path):
         assert [r.ok for r in mgr.verify(1)] == [True]  # the checkpoint itself is whole: the copies are not part of it
 
 
+def test_a_corrupt_delta_chunk_with_a_good_copy_restores_the_step_and_verify_names_it(tmp_path):
+    """The copy is checked against the piece's recorded hash, so the step restores bit-exactly;
+    the checkpoint's own chunk is still bad, and verification (which reads the checkpoint,
+    never the copies) says so."""
+    _save(tmp_path, range(2))
+    with CheckpointManager(str(tmp_path), "job", options=SMALL) as mgr:
+        piece = mgr.manifest(1).tensors["w"].chunks[0]
+    assert piece.is_delta
+    path = tmp_path / piece.ref.key()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    got, reads = _restore(tmp_path)
+    _same(got, 1)
+    assert reads[0]["pieces"] == 3
+    with CheckpointManager(str(tmp_path), "job", options=SMALL) as mgr:
+        [record] = mgr.verify(1)
+    assert not record.ok and piece.ref.hash[:12] in " ".join(record.errors)
+
+
 def test_restore_into_uses_the_copies(tmp_path):
     _save(tmp_path, range(2))
     target = _state(0)

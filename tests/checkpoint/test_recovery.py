@@ -19,7 +19,9 @@ from trainstore.errors import ChunkCorruptError, NoCheckpointError, NoValidCheck
 
 pytestmark = pytest.mark.timeout(180)
 SMALL = WriteOptions(chunk_bytes=4096, max_inflight_bytes=1 << 20)
-POLICY = CheckpointPolicy(full_every=4, incremental_every=1)
+# without restore-ready copies: a corrupt delta of the newest step must be met (a good copy
+# would restore that step from it: test_ready_copies)
+POLICY = CheckpointPolicy(full_every=4, incremental_every=1, ready_copies=False)
 
 
 def _make(tmp_path, steps=6):

@@ -112,8 +112,8 @@ def test_incremental_restore_with_a_base_read_ending_early_is_bit_exact(tmp_path
     s0 = {"w": torch.randn(3 * (1 << 20) // 4, generator=g)}
     s1 = {"w": s0["w"] * (1 + 1e-4)}
     opts = WriteOptions(chunk_bytes=1 << 20, max_inflight_bytes=8 << 20)
-    with CheckpointManager(root, job="j", policy=CheckpointPolicy(full_every=10, incremental_every=1),
-                           options=opts) as mgr:
+    policy = CheckpointPolicy(full_every=10, incremental_every=1, ready_copies=False)  # the delta path
+    with CheckpointManager(root, job="j", policy=policy, options=opts) as mgr:
         mgr.save(0, s0, blocking=True, kind="full")
         mgr.save(1, s1, blocking=True, kind="incremental")
     raw = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "chunks")) for f in fs

@@ -70,6 +70,7 @@ class Objectives:
     smoothing: float = 0.3
     on_busy: str = "wait"
     keep_base_in_memory: bool = True
+    ready_copies: bool = True  # as in CheckpointPolicy
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rpo", positive_duration(self.rpo, "rpo"))
@@ -198,6 +199,10 @@ class ObjectivePolicy:
     @property
     def keep_base_in_memory(self) -> bool:
         return self.objectives.keep_base_in_memory
+
+    @property
+    def ready_copies(self) -> bool:
+        return self.objectives.ready_copies
 
     @property
     def incremental_every(self) -> int:
