@@ -41,14 +41,15 @@ from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E
 
 SAVE_METHODS = ("plain_write", "torch_save", "safetensors", "dcp_async", "trainstore", "trainstore_reserve")
 RESTORE_METHODS = ("torch_load", "torch_load_mmap", "safetensors_load", "dcp_load", "trainstore_restore",
-                   "trainstore_restore_incr")
+                   "trainstore_restore_incr", "trainstore_restore_incr_deltas")
 #: page-cache states a restore is measured in: every method's files dropped from the cache
 #: (fsync + posix_fadvise DONTNEED, checked with mincore) or all of them read once before
 CACHE_STATES = ("evicted", "cached")
 #: the files each restore method reads, under the prepared work directory
 METHOD_FILES = {"torch_load": ("state.pt",), "torch_load_mmap": ("state.pt",),
                 "safetensors_load": ("state.safetensors",), "dcp_load": ("dcp",),
-                "trainstore_restore": ("ts",), "trainstore_restore_incr": ("ts",)}
+                "trainstore_restore": ("ts",), "trainstore_restore_incr": ("ts",),
+                "trainstore_restore_incr_deltas": ("ts-deltas",)}
 TOUCH_MIB = 256
 
 
@@ -167,8 +168,11 @@ def _restore(method: str, work: str) -> float:
         mgr = CheckpointManager(os.path.join(work, "ts"), job="cold")
         state = mgr.restore(step=1)
         mgr.close()
-    elif method == "trainstore_restore_incr":  # step 2: XOR deltas against step 1 (two reads a piece)
-        mgr = CheckpointManager(os.path.join(work, "ts"), job="cold")
+    elif method in ("trainstore_restore_incr", "trainstore_restore_incr_deltas"):
+        # step 2: XOR deltas against step 1; "ts" has its restore-ready copies (read instead of
+        # the deltas), "ts-deltas" was saved with ready_copies=False (base + delta per piece)
+        mgr = CheckpointManager(os.path.join(work, "ts" if method == "trainstore_restore_incr" else "ts-deltas"),
+                                job="cold")
         state = mgr.restore(step=2)
         mgr.close()
     else:
@@ -210,11 +214,12 @@ def prepare(state, work: str) -> int:
     os.makedirs(work, exist_ok=True)
     torch.save(state, os.path.join(work, "state.pt"))
     save_file(flat_tensors(state), os.path.join(work, "state.safetensors"))
-    mgr = CheckpointManager(os.path.join(work, "ts"), job="cold",
-                            policy=CheckpointPolicy(full_every=1, incremental_every=None))
-    mgr.save(1, state, blocking=True)
-    mgr.save(2, stepped(state), blocking=True, kind="incremental")  # for trainstore_restore_incr
-    mgr.close()
+    for name, copies in (("ts", True), ("ts-deltas", False)):
+        mgr = CheckpointManager(os.path.join(work, name), job="cold",
+                                policy=CheckpointPolicy(full_every=1, incremental_every=None, ready_copies=copies))
+        mgr.save(1, state, blocking=True)
+        mgr.save(2, stepped(state), blocking=True, kind="incremental")  # for trainstore_restore_incr*
+        mgr.close()
     import torch.distributed.checkpoint as dcp
 
     flat = flat_tensors(state)
