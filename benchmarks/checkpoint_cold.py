@@ -247,7 +247,7 @@ def method_files(method: str, work: str) -> list[str]:
 
 def set_cache_state(work: str, state: str) -> None:
     """Every restore method's files evicted from the page cache, or all read once."""
-    files = pagecache.files_under(*(os.path.join(work, p) for p in ("state.pt", "state.safetensors", "dcp", "ts")))
+    files = pagecache.files_under(*(os.path.join(work, p) for p in sorted({p for ps in METHOD_FILES.values() for p in ps})))
     (pagecache.evict if state == "evicted" else pagecache.cache)(files)
 
 

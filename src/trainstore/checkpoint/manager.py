@@ -46,6 +46,7 @@ from ..errors import (
     ConfigError,
     NoValidCheckpointError,
 )
+from ..gcpause import gc_paused
 from ..provenance import code_version, trainstore_version
 from ..store import open_store
 from ..store.base import Store
@@ -129,6 +130,22 @@ class CheckpointManager:
              blocking: bool = False, kind: str | None = None, extra: dict | None = None) -> SaveHandle:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied to host buffers."""
         t0 = time.perf_counter()
+        with gc_paused():  # the caller's part of a save, but not its waits (gcpause)
+            admitted = self._admit(step, state, kind)
+        if isinstance(admitted, SaveHandle):
+            return admitted  # skipped
+        backend, kind, busy = admitted
+        if busy is not None:
+            self._wait_inflight()
+        with gc_paused():
+            handle = self._stage(backend, step, kind, state, metrics, config, extra, t0)
+        del state  # the live tensors may change from here on
+        if blocking:
+            self._wait_inflight()
+        return handle
+
+    def _admit(self, step: int, state: Any, kind: str | None) -> SaveHandle | tuple[SaveBackend, str, int | None]:
+        """The checks of ``save``: (backend, kind, the step still in flight) or a skipped handle."""
         self._check_open()
         self._saves.raise_queued()
         mf.check_step(step)
@@ -145,27 +162,26 @@ class CheckpointManager:
         if self.policy.on_busy == "skip" and backend.agree_busy(busy is not None):
             where = "some rank" if backend.collective else f"step {busy}"
             msg = f"checkpoint step {step} skipped: {where} is still being saved (on_busy='skip')"
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
             log.warning(msg)
             return SaveHandle(step, kind, None, skipped=True)
-        if busy is not None:
-            self._wait_inflight()
+        return backend, kind, busy
+
+    def _stage(self, backend: SaveBackend, step: int, kind: str, state: Any, metrics: dict | None,
+               config: dict | None, extra: dict | None, t0: float) -> SaveHandle:
+        """Copy ``state`` to host buffers and hand the write to the save thread."""
         if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
             backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
                     "created": time.time(), "code_version": self._code_version, "trainstore_version": trainstore_version(),
                     "extra": jsonable(extra or {}, "extra")}
         staged = backend.stage(state)
-        del state  # the live tensors may change from here on
         blocked = time.perf_counter() - t0
         ticket = self._lineage.saved(step)
         fut = self._executor.submit(self._write, backend, step, kind, staged, metadata, ticket)
         self._saves.start(step, fut)
-        handle = SaveHandle(step, kind, fut, blocked_s=blocked)
         self._notify("save_staged", step=step, kind=kind, blocked_s=blocked)
-        if blocking:
-            self._wait_inflight()
-        return handle
+        return SaveHandle(step, kind, fut, blocked_s=blocked)
 
     @property
     def run(self) -> str:
@@ -364,6 +380,11 @@ class CheckpointManager:
         is raised and leaves no record, so the checkpoint stays restorable.
         """
         self._check_open()
+        with gc_paused():  # see gcpause: a fresh process's owed full collection, not the restore's
+            return self._restore(step, best, mode, retry_bad, into, scratch_bytes, only, reset)
+
+    def _restore(self, step: int | None, best: str | None, mode: str, retry_bad: bool, into: Any,
+                 scratch_bytes: int, only: str | Sequence[str] | None, reset: str | Sequence[str] | None) -> RestoreResult:
         t0 = time.perf_counter()
         repairs_before = len(self.repairs)
         if self.backend.collective:  # every rank's in-flight save has committed before steps are listed

@@ -32,6 +32,7 @@ from ..checkpoint.types import RestoreResult
 from ..chunks import ChunkStore
 from ..dcp.coordination import RANK_COMMITTED, group_timeout
 from ..errors import ConfigError, DistributedError, TrainstoreError
+from ..gcpause import gc_paused
 from ..store.base import Store
 from .context import PeerContext
 from .pieces import Pieces
@@ -188,7 +189,8 @@ class PeerTier:
         if self.ctx is None:
             report = RecoveryReport(None, [], reason="not the node's leader rank: its leader recovers the node")
         else:
-            report = recover(self.ctx)
+            with gc_paused():  # the restart's owed full collection (gcpause) not inside the collective
+                report = recover(self.ctx)
             self._resend = True  # lost nodes lost the pieces they held for others
         self.last_restore = report
         log.info("%s", report)
