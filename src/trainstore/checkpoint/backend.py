@@ -36,6 +36,7 @@ one thread issues collectives at a time). ``close()`` releases buffers at ``mgr.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution, entry_points
@@ -135,11 +136,13 @@ def loader_name(manifest: Manifest) -> str:
     return "dcp" if manifest.metadata.get("dcp") else "single"
 
 
+@functools.cache
 def backend_class(name: str) -> type[SaveBackend]:
     """The backend registered as ``name`` (entry point group ``trainstore.save_backends``).
     trainstore's own entry points are looked up first (one distribution's metadata): scanning
     every installed distribution costs a fresh process's first save or restore ~400 metadata
-    file reads; other packages' backends are found by that scan."""
+    file reads; other packages' backends are found by that scan. Looked up once per process
+    (the manager's constructor asks for the current one, so a first save does not)."""
     try:
         found = distribution("trainstore").entry_points.select(group=ENTRY_POINT_GROUP, name=name)
     except PackageNotFoundError:  # pragma: no cover - running from a tree without metadata

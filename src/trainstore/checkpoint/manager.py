@@ -111,6 +111,9 @@ class CheckpointManager:
         self._lock = self._saves.lock
         self._closed = False
         self._code_version = code_version()
+        # asked now, not on the first save's clock: trainstore's own git describe, the backend's import
+        self._trainstore_version = trainstore_version()
+        backend_class(backend_name())
         exit_hooks.track(self)
 
     # -- policy ----------------------------------------------------------------------------
@@ -173,7 +176,7 @@ class CheckpointManager:
         if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
             backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
-                    "created": time.time(), "code_version": self._code_version, "trainstore_version": trainstore_version(),
+                    "created": time.time(), "code_version": self._code_version, "trainstore_version": self._trainstore_version,
                     "extra": jsonable(extra or {}, "extra")}
         staged = backend.stage(state)
         blocked = time.perf_counter() - t0
