@@ -170,3 +170,14 @@ def test_file_url_and_fsync_option(tmp_path):
     assert store.get("k") == b"v"
     with pytest.raises(ConfigError, match="unknown options"):
         open_store(str(tmp_path / "t"), endpoint="http://x")
+
+
+@pytest.mark.parametrize("path", ["\x00", "a\x00b", "file:///tmp/x\x00"])
+def test_a_path_with_a_nul_byte_is_a_config_error(tmp_path, monkeypatch, path):
+    """Found by tests/reliability/test_hostile_input.py's URL fuzzer: os.makedirs raised a bare
+    ValueError ("embedded null byte") instead of an error of the hierarchy naming the path."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="NUL byte"):
+        open_store(path)
+    with pytest.raises(ConfigError, match="NUL byte"):
+        LocalStore(path)

@@ -53,7 +53,10 @@ class LocalStore(Store):
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, create: bool = True,
                  direct_io: bool = True) -> None:
-        self.root = os.path.abspath(os.fspath(root))
+        path = os.fspath(root)
+        if (b"\x00" if isinstance(path, bytes) else "\x00") in path:  # no OS can name it (os.makedirs: ValueError)
+            raise ConfigError(f"store path {path!r} contains a NUL byte")
+        self.root = os.path.abspath(path)
         self.fsync = fsync
         self.direct_io = direct_io and hasattr(os, "O_DIRECT")
         self._direct_refused: set[str] = set()  # directories whose filesystem refused O_DIRECT
