@@ -78,6 +78,11 @@ def _cuda_available() -> bool:
     return torch is not None and torch.cuda.is_available()
 
 
+def pins(pin: bool | None) -> bool:
+    """Whether a ``HostBuffer(pin=pin)`` made now would be pinned (None: when CUDA is present)."""
+    return bool(pin) or (pin is None and _cuda_available())
+
+
 def _cuda_unregister(address: int) -> None:
     err = torch.cuda.cudart().cudaHostUnregister(address)
     if int(err) != 0:  # pragma: no cover - needs CUDA
@@ -119,7 +124,7 @@ class HostBuffer:
         #: runs its weakref callbacks before it releases the mapping)
         self._memory = np.frombuffer(self._map, dtype=np.uint8, count=self.nbytes, offset=self.offset)
         self.pinned = False
-        if pin or (pin is None and _cuda_available()):
+        if pins(pin):
             self._pin()
         self._touched = threading.Event()
         self._touch_error: BaseException | None = None
@@ -267,4 +272,4 @@ def empty_array(shape: tuple[int, ...], dtype: Any, *, huge_pages: bool = True) 
     return HostBuffer(count * dt.itemsize, huge_pages=huge_pages, pin=False).array(dt, tuple(shape))
 
 
-__all__ = ["HUGE_PAGE", "PAGE", "HostBuffer", "empty_array", "empty_tensor", "round_up", "thp_mode"]
+__all__ = ["HUGE_PAGE", "PAGE", "HostBuffer", "empty_array", "empty_tensor", "pins", "round_up", "thp_mode"]

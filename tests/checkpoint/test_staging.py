@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.staging import Arena, Stager, plan, plan_sizes, template_sizes
+from trainstore.checkpoint.staging import (
+    Arena,
+    Stager,
+    plan,
+    plan_sizes,
+    template_sizes,
+)
 from trainstore.checkpoint.state import flatten
 from trainstore.checkpoint.writer import WriteOptions
 from trainstore.hostmem import thp_mode
@@ -148,3 +154,25 @@ def test_unreserved_first_save_stages_into_plain_pages_and_reserve_into_huge_pag
     assert reserved.buffer.huge_pages and resident_bytes(reserved.array) == -(-reserved.capacity // PAGE) * PAGE
     staged = reserving.stage(leaves, reserved)
     assert np.array_equal(np.frombuffer(staged[1].data, dtype=np.int64), np.arange(1000))
+
+
+def test_a_closed_managers_staging_memory_is_reused_by_the_next_one(tmp_path):
+    """A new manager in a running process copies its first save into the touched arena a
+    closed one left (``staging.CLOSED_ARENAS``), not into fresh pages; only the largest closed
+    arena is kept, and one too small for the state is not used."""
+    small = {"w": np.arange(1 << 18, dtype=np.float32)}
+    big = {"w": np.arange(1 << 20, dtype=np.float32)}
+    with CheckpointManager(str(tmp_path / "a"), "a") as a:
+        a.save(1, big).wait()
+        assert a.backend.stager.allocations == 1
+    with CheckpointManager(str(tmp_path / "b"), "b") as b:
+        b.save(1, small).wait()  # the closed 4 MiB arena holds 1 MiB: reused
+        assert b.backend.stager.allocations == 0
+        assert np.array_equal(b.restore()["w"], small["w"])
+    with CheckpointManager(str(tmp_path / "c"), "c") as c:
+        c.save(1, big).wait()  # b handed the same arena back: reused again
+        assert c.backend.stager.allocations == 0
+        assert np.array_equal(c.restore()["w"], big["w"])
+    with CheckpointManager(str(tmp_path / "d"), "d") as d:
+        d.save(1, {"w": np.zeros(3 << 20, dtype=np.float32)}).wait()  # larger than what was kept
+        assert d.backend.stager.allocations == 1

@@ -142,8 +142,9 @@ class SingleProcessBackend(SaveBackend):
 
     def close(self) -> None:
         self.ready.close()
-        self._base_views = None
-        self._base_arena = None
+        base, self._base_views, self._base_arena = self._base_arena, None, None
+        self.stager.release(base)
+        self.stager.close()  # touched staging memory for the next manager of this process
 
     # -- incrementals ------------------------------------------------------------------------
     def _base_for(self, kind: str, step: int) -> Manifest | None:

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..devicecopy import CopyFence, to_host
 from ..errors import ConfigError
-from ..hostmem import PAGE, HostBuffer
+from ..hostmem import PAGE, HostBuffer, pins
 from .state import Leaf
 
 try:
@@ -190,11 +190,44 @@ def _spec_bytes(x: Any) -> int | None:
     return int(np.prod(shape, dtype=np.int64)) * itemsize
 
 
+class _ClosedArenas:
+    """The largest touched arena of the stagers closed in this process, for the next stager's
+    first save: a new manager in a running process (a second job, an evaluation loop that
+    checkpoints) then copies into touched memory instead of faulting in fresh pages - what
+    ``malloc`` gives DCP's per-call staging copies for free. Costs one arena of memory kept
+    after its manager closed (the largest such; ``drop()`` lets it go)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arena: Arena | None = None
+
+    def put(self, arenas: Sequence[Arena]) -> None:
+        with self._lock:
+            kept = [a for a in (*arenas, self._arena) if a is not None and not a.fresh]
+            self._arena = max(kept, key=lambda a: a.capacity, default=None)
+
+    def take(self, total: int, pinned: bool) -> Arena | None:
+        with self._lock:
+            arena = self._arena
+            if arena is None or arena.capacity < total or arena.pinned != pinned:
+                return None
+            self._arena = None
+            return arena
+
+    def drop(self) -> None:
+        with self._lock:
+            self._arena = None
+
+
+#: staging memory of closed managers, reused by the next one (``_ClosedArenas``)
+CLOSED_ARENAS = _ClosedArenas()
+
+
 class Stager:
     """Owns the arenas: ``acquire(total)`` gives an arena of at least ``total`` bytes.
 
     ``spare`` keeps a released arena (the previous base of incrementals) for reuse, so the
-    steady state allocates nothing.
+    steady state allocates nothing; ``close`` hands the touched ones to ``CLOSED_ARENAS``.
     """
 
     def __init__(self, pin: bool | None = None, cuda_wait: str = "stream") -> None:
@@ -236,9 +269,21 @@ class Stager:
                 self._spare.clear()  # too small: let them go before allocating a bigger one
                 self.allocations += 1
         if found is None:
-            return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
+            arena = CLOSED_ARENAS.take(total, pins(self.pin))  # touched memory of a closed manager
+            if arena is None:
+                return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
+            with self._spare_lock:
+                self.allocations -= 1  # reused, not allocated
         arena.ready()
         return arena
+
+    def close(self) -> None:
+        """Give the spare arenas to ``CLOSED_ARENAS`` (the next stager of this process)."""
+        with self._spare_lock:
+            spare, self._spare = self._spare, []
+        for arena in spare:
+            arena.ready()
+        CLOSED_ARENAS.put(spare)
 
     def release(self, arena: Arena | None) -> None:
         if arena is not None:
@@ -328,5 +373,5 @@ def _layout(state_dict: dict[str, Any]) -> Any:
     return spec, [(type(x), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
-__all__ = ["ALIGN", "CUDA_WAITS", "LARGE_ALIGN", "LARGE_SLOT_BYTES", "Arena", "StagedTensor", "Stager", "plan", "plan_sizes",
+__all__ = ["ALIGN", "CUDA_WAITS", "LARGE_ALIGN", "LARGE_SLOT_BYTES", "CLOSED_ARENAS", "Arena", "StagedTensor", "Stager", "plan", "plan_sizes",
            "template_sizes"]
