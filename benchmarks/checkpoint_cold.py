@@ -91,7 +91,7 @@ def first_touch_gbps(mib: int = TOUCH_MIB) -> float:
 
 # -- the timed methods (each runs once, in a fresh child) -----------------------------------
 
-def _save(method: str, state, out: str) -> tuple[float, float, float]:
+def save_once(method: str, state, out: str) -> tuple[float, float, float]:
     """(blocking s, durable s, s spent before the clock started: ``reserve()``) of one save of
     ``state`` under ``out``."""
     if method == "plain_write":  # the floor of time to durable: the same bytes, one sequential write + fsync
@@ -193,7 +193,7 @@ def child(method: str, work: str) -> dict:
         touch = first_touch_gbps()
         out = os.path.join(work, f"out-{method}-{os.getpid()}")
         try:
-            blocking, durable, before = _save(method, state, out)
+            blocking, durable, before = save_once(method, state, out)
         finally:
             if os.path.isdir(out):
                 shutil.rmtree(out, ignore_errors=True)

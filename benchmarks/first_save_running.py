@@ -6,7 +6,8 @@ has trained (torch, the state and DCP imported and warm) and now creates a manag
 once - e.g. a second job, or an evaluation loop that checkpoints. Each round, in one process,
 interleaved: a new ``CheckpointManager`` on a new directory saves the state once (blocking:
 ``save()`` returned; durable: ``wait()`` returned), and ``dcp.async_save`` saves it to a new
-directory (blocking: the call returned; durable: its future done and every file fsynced).
+directory (blocking: the call returned; durable: its future done and every file fsynced) -
+``checkpoint_cold.save_once``, the fresh-process harness's own two saves.
 Neither has staging memory from an earlier save: trainstore's arena is new per manager, DCP
 allocates its staging copy per call. Medians over ``--rounds``.
 
@@ -22,38 +23,12 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checkpoint_cold import flat_tensors, fsync_path  # noqa: E402
+from checkpoint_cold import flat_tensors, save_once  # noqa: E402
 from ready_copies import build  # noqa: E402
-
-from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
-
-
-def trainstore_once(state, out: str) -> tuple[float, float]:
-    mgr = CheckpointManager(out, job="first", policy=CheckpointPolicy(full_every=1, incremental_every=None))
-    t = time.perf_counter()
-    h = mgr.save(1, state)
-    blocking = time.perf_counter() - t
-    h.wait()
-    durable = time.perf_counter() - t
-    mgr.close()
-    return blocking, durable
-
-
-def dcp_once(state, out: str) -> tuple[float, float]:
-    t = time.perf_counter()
-    fut = dcp.async_save(state, checkpoint_id=out)
-    blocking = time.perf_counter() - t
-    fut.result()
-    for d, _, fs in os.walk(out):
-        for f in fs:
-            fsync_path(os.path.join(d, f))
-    return blocking, time.perf_counter() - t
 
 
 def main() -> None:
@@ -67,9 +42,9 @@ def main() -> None:
     runs: dict[str, dict[str, list[float]]] = {m: {"blocking": [], "durable": []} for m in ("trainstore", "dcp_async")}
     try:
         for warm in (True,) + (False,) * args.rounds:  # one untimed round: imports, DCP's first-call setup
-            for name, fn in (("trainstore", trainstore_once), ("dcp_async", dcp_once)):
+            for name in ("trainstore", "dcp_async"):  # the fresh-process harness's two saves
                 out = os.path.join(root, name)
-                blocking, durable = fn(state, out)
+                blocking, durable, _ = save_once(name, state, out)
                 shutil.rmtree(out, ignore_errors=True)
                 if not warm:
                     runs[name]["blocking"].append(blocking)

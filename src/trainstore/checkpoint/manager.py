@@ -41,11 +41,7 @@ from typing import Any
 
 from ..chunks import ChunkStore, RepairEvent
 from ..codecs import CodecConfig
-from ..errors import (
-    AlreadyExistsError,
-    ConfigError,
-    NoValidCheckpointError,
-)
+from ..errors import AlreadyExistsError, ConfigError
 from ..gcpause import gc_paused
 from ..provenance import code_version, trainstore_version
 from ..store import open_store
@@ -55,10 +51,9 @@ from .backend import SaveBackend, SaveContext, backend_class, backend_name
 from .failures import SaveErrorPolicy, SaveFailures
 from .inflight import InflightSaves
 from .listing import checkpoint_infos
-from .lossy import LossyReport
 from .manifest import Manifest
 from .reader import SCRATCH_BYTES
-from .restore import restore_selected, tier_of
+from .restore import nothing_restored, restore_result, restore_selected
 from .select import Selection
 from .state import jsonable
 from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle
@@ -110,9 +105,8 @@ class CheckpointManager:
         self._saves = InflightSaves(self.job)
         self._lock = self._saves.lock
         self._closed = False
-        self._code_version = code_version()
-        # asked now, not on the first save's clock: trainstore's own git describe, the backend's import
-        self._trainstore_version = trainstore_version()
+        # what wrote each manifest; asked now, not on the first save's clock (git), nor the backend's import
+        self._provenance = {"code_version": code_version(), "trainstore_version": trainstore_version()}
         backend_class(backend_name())
         exit_hooks.track(self)
 
@@ -120,13 +114,10 @@ class CheckpointManager:
     def should_save(self, step: int) -> str | None:
         """None, "full" or "incremental" for ``step`` under the policy; after a failed save
         under ``on_error="warn"`` (``"retry"``: once its backoff passed) the failed save's kind."""
-        self._give_warnings()
+        for msg in self.failures.take_warnings():  # failures training continued through
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
         kind = self.policy.should_save(step)  # asked every step: an ObjectivePolicy measures steps
         return kind or self.failures.retry_kind(step)
-
-    def _give_warnings(self) -> None:
-        for msg in self.failures.take_warnings():  # failures training continued through
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     # -- saving ----------------------------------------------------------------------------
     def save(self, step: int, state: Any, metrics: dict | None = None, config: dict | None = None, *,
@@ -176,8 +167,7 @@ class CheckpointManager:
         if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
             backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
-                    "created": time.time(), "code_version": self._code_version, "trainstore_version": self._trainstore_version,
-                    "extra": jsonable(extra or {}, "extra")}
+                    "created": time.time(), **self._provenance, "extra": jsonable(extra or {}, "extra")}
         staged = backend.stage(state)
         blocked = time.perf_counter() - t0
         ticket = self._lineage.saved(step)
@@ -384,36 +374,26 @@ class CheckpointManager:
         """
         self._check_open()
         with gc_paused():  # see gcpause: a fresh process's owed full collection, not the restore's
-            return self._restore(step, best, mode, retry_bad, into, scratch_bytes, only, reset)
-
-    def _restore(self, step: int | None, best: str | None, mode: str, retry_bad: bool, into: Any,
-                 scratch_bytes: int, only: str | Sequence[str] | None, reset: str | Sequence[str] | None) -> RestoreResult:
-        t0 = time.perf_counter()
-        repairs_before = len(self.repairs)
-        if self.backend.collective:  # every rank's in-flight save has committed before steps are listed
-            self._saves.settle()
-        skipped: list[tuple[int, str]] = []
-        found = restore_selected(self.chunks, self.job, self._backend, Selection.of(only, reset), into,
-                                 scratch_bytes, step, best, mode, retry_bad, skipped)
-        if found is None:
-            self.last_restore = None
-            self._notify("restore", ok=False, step=None, kind=None, seconds=time.perf_counter() - t0,
-                         skipped=len(skipped), logical_bytes=0)
-            raise NoValidCheckpointError(f"no checkpoint of job {self.job!r} could be restored; tried: "
-                                         + "; ".join(f"step {s}: {why}" for s, why in skipped))
-        m, why, state, partial, newest = found
-        self._lineage.restored(m, newest)
-        result = RestoreResult(m.step, m.kind, why, skipped, state, time.perf_counter() - t0,
-                               repairs=self.repairs[repairs_before:], partial=partial,
-                               lossy=LossyReport.of(m), tier=tier_of(self.store, mf.manifest_key(self.job, m.step)))
-        if result.lossy is not None:
-            log.warning("restore of step %d (job %r): %s: %s", m.step, self.job, result.lossy,
-                        ", ".join(result.lossy.tensors[:4]) + (" ..." if len(result.lossy.tensors) > 4 else ""))
-        self._notify("restore", ok=True, step=m.step, kind=m.kind, seconds=result.seconds, skipped=len(skipped),
-                     logical_bytes=m.logical_bytes)
-        self.last_restore = result
-        log.info("restore: %s", result)
-        return result
+            t0 = time.perf_counter()
+            repairs_before = len(self.repairs)
+            if self.backend.collective:  # every rank's in-flight save has committed before steps are listed
+                self._saves.settle()
+            skipped: list[tuple[int, str]] = []
+            found = restore_selected(self.chunks, self.job, self._backend, Selection.of(only, reset), into,
+                                     scratch_bytes, step, best, mode, retry_bad, skipped)
+            if found is None:
+                self.last_restore = None
+                self._notify("restore", ok=False, step=None, kind=None, seconds=time.perf_counter() - t0,
+                             skipped=len(skipped), logical_bytes=0)
+                raise nothing_restored(self.job, skipped)
+            self._lineage.restored(m := found[0], found[4])  # found: (manifest, why, state, partial, newest)
+            result = restore_result(self.store, self.job, found, skipped, time.perf_counter() - t0,
+                                    self.repairs[repairs_before:])
+            self._notify("restore", ok=True, step=m.step, kind=m.kind, seconds=result.seconds,
+                         skipped=len(skipped), logical_bytes=m.logical_bytes)
+            self.last_restore = result
+            log.info("restore: %s", result)
+            return result
 
 
 __all__ = ["CheckpointManager", "CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle",

@@ -67,18 +67,14 @@ def delta_pieces(manifest: Manifest) -> Iterable[tuple[str, str, int, int]]:
 class ReadyReads:
     """What one restore got from restore-ready copies (filled by reader threads)."""
 
-    step: int
-    finder: Callable[[str], str | None]
+    #: the local file that may hold a piece, by its hash (``None``: read the delta)
+    path: Callable[[str], str | None]
     used: int = 0  # pieces read from a copy
     used_bytes: int = 0
     fallbacks: int = 0  # pieces whose copy was missing or bad: read through the delta
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-
-    def path(self, piece_hash: str) -> str | None:
-        """The local file that may hold the piece (``None``: read the delta)."""
-        return self.finder(piece_hash)
 
     def count(self, nbytes: int | None) -> None:
         """A piece read from its copy (``nbytes``), or (``None``) one that fell back."""
@@ -153,7 +149,7 @@ class ReadyCopies:
         if tier is None:
             return None
         job = self.job
-        return ReadyReads(step, lambda h: tier.local_path(ready_key(job, step, h)))
+        return ReadyReads(lambda h: tier.local_path(ready_key(job, step, h)))
 
 
 __all__ = ["READY_PREFIX", "ReadyCopies", "ReadyReads", "delta_pieces", "local_tier", "ready_key", "ready_prefix"]

@@ -16,20 +16,23 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..chunks import ChunkStore
+from ..chunks import ChunkStore, RepairEvent
 from ..errors import (
     ConfigError,
     IntegrityError,
     ManifestError,
     NoCheckpointError,
     NotFoundError,
+    NoValidCheckpointError,
     TrainstoreError,
 )
 from ..store.base import Store
 from . import manifest as mf
 from .backend import SaveBackend, loader_name
+from .lossy import LossyReport
 from .manifest import Manifest
 from .select import PartialReport, Selection, prune
+from .types import RestoreResult
 from .verify import record as record_verify
 
 log = logging.getLogger("trainstore.checkpoint")
@@ -171,4 +174,21 @@ def best_order(store: Any, job: str, steps: list[int], metric: str, mode: str,
     return [(s, f"best {metric}={v} ({mode})") for v, s in scored]
 
 
-__all__ = ["best_order", "check_base", "restore_first", "restore_selected", "tier_of"]
+def restore_result(store: Store, job: str, found: tuple[Manifest, str, Any, PartialReport | None, int | None],
+                   skipped: list[tuple[int, str]], seconds: float, repairs: list[RepairEvent]) -> RestoreResult:
+    """The ``RestoreResult`` of ``restore_selected``'s pick; a warning when its moments were stored lossy."""
+    m, why, state, partial, _newest = found
+    result = RestoreResult(m.step, m.kind, why, skipped, state, seconds, repairs=repairs, partial=partial,
+                           lossy=LossyReport.of(m), tier=tier_of(store, mf.manifest_key(job, m.step)))
+    if result.lossy is not None:
+        log.warning("restore of step %d (job %r): %s: %s", m.step, job, result.lossy,
+                    ", ".join(result.lossy.tensors[:4]) + (" ..." if len(result.lossy.tensors) > 4 else ""))
+    return result
+
+
+def nothing_restored(job: str, skipped: list[tuple[int, str]]) -> NoValidCheckpointError:
+    return NoValidCheckpointError(f"no checkpoint of job {job!r} could be restored; tried: "
+                                  + "; ".join(f"step {s}: {why}" for s, why in skipped))
+
+
+__all__ = ["best_order", "check_base", "nothing_restored", "restore_first", "restore_result", "restore_selected", "tier_of"]

@@ -259,21 +259,19 @@ class Stager:
             f.result()
 
     def acquire(self, total: int) -> Arena:
-        """A spare arena of at least ``total`` bytes (its background touch finished), else a
-        fresh untouched one."""
+        """A spare arena of at least ``total`` bytes (its background touch finished), else the
+        touched arena a closed stager left (``CLOSED_ARENAS``), else a fresh untouched one."""
         with self._spare_lock:
             found = next((i for i, a in enumerate(self._spare) if a.capacity >= total), None)
             if found is not None:
-                arena = self._spare.pop(found)
+                arena: Arena | None = self._spare.pop(found)
             else:
                 self._spare.clear()  # too small: let them go before allocating a bigger one
-                self.allocations += 1
-        if found is None:
-            arena = CLOSED_ARENAS.take(total, pins(self.pin))  # touched memory of a closed manager
-            if arena is None:
-                return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
-            with self._spare_lock:
-                self.allocations -= 1  # reused, not allocated
+                arena = CLOSED_ARENAS.take(total, pins(self.pin))
+                if arena is None:
+                    self.allocations += 1
+        if arena is None:
+            return Arena(int(total * 1.05) + ALIGN, self.pin)  # headroom for slowly growing states
         arena.ready()
         return arena
 
