@@ -13,6 +13,10 @@ def manager_save_restore(rank: int, world: int, args: dict) -> dict:
     calls = []
     mgr = CheckpointManager(args["root"], "m2", CheckpointPolicy(full_every=10, incremental_every=5), options=SMALL,
                             hooks=[lambda info, m: calls.append(info.step)])
+    events: list = []
+    mgr.observers.append(lambda event, fields: events.append([event, fields["step"], fields.get("bytes"),
+                                                               fields.get("fallbacks")])
+                         if event in ("ready_copies_written", "restore_ready_copies") else None)
     h = mgr.save(10, make_state(world), metrics={"loss": 1.0})  # async: returns after the host copy
     h.wait()
     mgr.save(15, make_state(world, bump=1e-3), metrics={"loss": 0.5}, blocking=True)
@@ -28,7 +32,32 @@ def manager_save_restore(rank: int, world: int, args: dict) -> dict:
     best = mgr.restore_with_info(best="loss").step
     mgr.close()
     return {"hooks": calls, "restored": res.step, "kinds": kinds, "verify": ok, "best": best,
-            "blocked_s": h.blocked_s}
+            "blocked_s": h.blocked_s, "ready": events}
+
+
+def manager_ready_fallback(rank: int, world: int, args: dict) -> dict:
+    """Every restore-ready copy of step 15 corrupt (one byte flipped): each rank's restore
+    falls back to base + delta for each of its pieces, bit-identical, and counts them."""
+    import torch.distributed as dist
+
+    from trainstore.store import open_store
+
+    store = open_store(args["root"])
+    if rank == 0:
+        for meta in list(store.list("ready/m2/")):
+            data = bytearray(store.get(meta.key))
+            data[len(data) // 3] ^= 0x40
+            store.put(meta.key, bytes(data))
+    dist.barrier()
+    mgr = CheckpointManager(store, "m2", CheckpointPolicy(full_every=10, incremental_every=5), options=SMALL)
+    events: list = []
+    mgr.observers.append(lambda event, fields: events.append([fields["pieces"], fields["bytes"], fields["fallbacks"]])
+                         if event == "restore_ready_copies" else None)
+    target = make_state(world, zero=True)
+    res = mgr.restore_into(target)
+    check_state(target, bump=1e-3)
+    mgr.close()
+    return {"restored": res.step, "events": events}
 
 
 def manager_failure(rank: int, world: int, args: dict) -> dict:
@@ -49,6 +78,7 @@ def manager_failure(rank: int, world: int, args: dict) -> dict:
 
 def scenarios(root: str) -> list:
     return [("manager_save_restore", manager_save_restore, {"root": root}),
+            ("manager_ready_fallback", manager_ready_fallback, {"root": root}),
             ("manager_failure", manager_failure, {"root": root}),
             ("manager_fsdp2", manager_fsdp2, {"root": root}),
             ("manager_corrupt", manager_corrupt, {"root": root}),
@@ -104,6 +134,8 @@ def manager_corrupt(rank: int, world: int, args: dict) -> dict:
 
     store = open_store(args["root"])
     if rank == 0:
+        for meta in list(store.list("ready/m2/")):  # the restore-ready copies would serve rank 1's delta
+            store.delete(meta.key)
         m = mf.load_manifest(store, "m2", 15)
         piece = next(c for c in m.tensors["model.w@32,0"].chunks if c.is_delta)  # rank 1's shard of w
         data = bytearray(store.get(piece.ref.key()))

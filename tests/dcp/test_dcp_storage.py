@@ -168,6 +168,25 @@ def test_manager_in_distributed_job_saves_async_incremental_and_restores(jobs):
         assert v["restored"] == 15 and v["verify"] == [True] and v["best"] == 15
     m = mf.load_manifest(LocalStore(root), "m2", 15)
     assert m.metadata["metrics"] == {"loss": 0.5} and m.metadata["dcp"]["world_size"] == 2
+    # restore-ready copies: every rank wrote its own delta pieces of step 15 (only w changed:
+    # its shards) and read them back in restore_into; the restore by best=loss (no target:
+    # whole tensors) read every rank's copies (one directory here); step 10 is full: none
+    deltas = {p.content_hash: p.size for t in m.tensors.values() for p in t.chunks if p.is_delta}
+    assert deltas
+    for v in vals:
+        assert [e[:2] for e in v["ready"]] == [["ready_copies_written", 15]] + [["restore_ready_copies", 15]] * 2, \
+            v["ready"]
+        assert v["ready"][1][2:] == [v["ready"][0][2], 0] and v["ready"][0][2] > 0  # its copies, none missing
+        assert v["ready"][2][2:] == [sum(deltas.values()), 0]
+    assert sum(v["ready"][0][2] for v in vals) == sum(deltas.values())  # between them: every delta piece
+
+
+def test_manager_corrupt_ready_copies_fall_back_to_the_deltas_on_every_rank(jobs):
+    _, _, two = jobs
+    for v in scenario(two, "manager_ready_fallback"):  # bit-identical: checked inside each rank
+        assert v["restored"] == 15 and len(v["events"]) == 1, v
+        pieces, nbytes, fallbacks = v["events"][0]
+        assert pieces == 0 and nbytes == 0 and fallbacks > 0, v
 
 
 def test_manager_failed_rank_is_reported_on_every_rank_and_restore_falls_back(jobs):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from ..errors import NotFoundError, TrainstoreError
 from ..store.base import Buffer, Store
 from .layout import STEP_DIGITS, check_job
-from .manifest import Manifest
+from .manifest import Manifest, TensorEntry
 
 log = logging.getLogger("trainstore.checkpoint.ready")
 
@@ -53,14 +54,20 @@ def local_tier(store: Store) -> Store | None:
     return fast if fast.capabilities.local else None
 
 
+def entry_delta_pieces(entry: TensorEntry) -> Iterable[tuple[str, int, int]]:
+    """(piece hash, start byte, size) of every XOR-delta piece of one tensor."""
+    start = 0
+    for piece in entry.chunks:
+        if piece.is_delta and piece.content_hash:
+            yield piece.content_hash, start, piece.size
+        start += piece.size
+
+
 def delta_pieces(manifest: Manifest) -> Iterable[tuple[str, str, int, int]]:
     """(tensor, piece hash, start byte, size) of every XOR-delta piece of ``manifest``."""
     for name, entry in manifest.tensors.items():
-        start = 0
-        for piece in entry.chunks:
-            if piece.is_delta and piece.content_hash:
-                yield name, piece.content_hash, start, piece.size
-            start += piece.size
+        for h, start, size in entry_delta_pieces(entry):
+            yield name, h, start, size
 
 
 @dataclass
@@ -93,6 +100,7 @@ class ReadyCopies:
         self.job = job
         self.tier = local_tier(store)
         self._pool: ThreadPoolExecutor | None = None
+        self._unknown = True  # copies of other steps may exist (an earlier process, an earlier save)
 
     @property
     def writable(self) -> bool:
@@ -118,6 +126,22 @@ class ReadyCopies:
             self.prune(keep=None)
             return 0
         return written
+
+    def after_commit(self, step: int, kind: str, pieces: Callable[[], Iterable[tuple[str, Buffer]]],
+                     enabled: bool, notify: Callable[..., None]) -> None:
+        """A save committed ``step``: write its copies when it is an incremental (``pieces``:
+        its delta pieces' ``(hash, raw bytes)``) and drop every other step's (best effort)."""
+        if not self.writable:
+            return
+        if kind == "incremental" and enabled:
+            t0 = time.perf_counter()
+            n = self.write(step, pieces())
+            self.prune(keep=step)
+            self._unknown = True
+            notify("ready_copies_written", step=step, bytes=n, seconds=time.perf_counter() - t0)
+        elif self._unknown:
+            self.prune(keep=None)
+            self._unknown = False
 
     def prune(self, keep: int | None) -> int:
         """Delete the copies of every step but ``keep`` (None: all); returns how many."""
@@ -151,5 +175,12 @@ class ReadyCopies:
         job = self.job
         return ReadyReads(lambda h: tier.local_path(ready_key(job, step, h)))
 
+    @staticmethod
+    def report(reads: ReadyReads | None, step: int, notify: Callable[..., None]) -> None:
+        """The ``restore_ready_copies`` event of a restore that looked for copies."""
+        if reads is not None and (reads.used or reads.fallbacks):
+            notify("restore_ready_copies", step=step, pieces=reads.used, bytes=reads.used_bytes,
+                   fallbacks=reads.fallbacks)
 
-__all__ = ["READY_PREFIX", "ReadyCopies", "ReadyReads", "delta_pieces", "local_tier", "ready_key", "ready_prefix"]
+
+__all__ = ["READY_PREFIX", "ReadyCopies", "ReadyReads", "delta_pieces", "entry_delta_pieces", "local_tier", "ready_key", "ready_prefix"]

@@ -40,7 +40,6 @@ class SingleProcessBackend(SaveBackend):
         self._base_views: dict[str, memoryview] | None = None
         self._base_arena: Arena | None = None
         self.ready = ReadyCopies(ctx.store, ctx.job)
-        self._ready_unknown = True  # copies of other steps may exist (from an earlier process)
 
     def check_free(self, step: int) -> None:
         fast = self.ctx.store.tiers()[0]  # remote tiers are asked on the save thread (write)
@@ -114,26 +113,14 @@ class SingleProcessBackend(SaveBackend):
             state = load_state(self.ctx.chunks, manifest, self.ctx.read_workers, ready)
         else:
             state = load_into(self.ctx.chunks, manifest, into, self.ctx.read_workers, scratch_bytes, ready)
-        if ready is not None and (ready.used or ready.fallbacks):
-            self.ctx.notify("restore_ready_copies", step=manifest.step, pieces=ready.used, bytes=ready.used_bytes,
-                            fallbacks=ready.fallbacks)
+        self.ready.report(ready, manifest.step, self.ctx.notify)
         return state
 
     def _after_commit(self, m: Manifest, data: dict[str, memoryview]) -> None:
-        """Restore-ready copies of an incremental's changed pieces (``checkpoint.ready``); the
-        copies of every other step go (best effort: the checkpoint is committed already)."""
-        if not self.ready.writable:
-            return
-        if m.kind == "incremental" and self.ctx.policy.ready_copies:
-            t0 = time.perf_counter()
-            n = self.ready.write(m.step, ((h, data[name][start:start + size])
-                                          for name, h, start, size in delta_pieces(m)))
-            self.ready.prune(keep=m.step)
-            self._ready_unknown = True
-            self.ctx.notify("ready_copies_written", step=m.step, bytes=n, seconds=time.perf_counter() - t0)
-        elif self._ready_unknown:
-            self.ready.prune(keep=None)
-            self._ready_unknown = False
+        """Restore-ready copies of an incremental's changed pieces (``checkpoint.ready``)."""
+        self.ready.after_commit(m.step, m.kind, lambda: ((h, data[name][start:start + size])
+                                                         for name, h, start, size in delta_pieces(m)),
+                                self.ctx.policy.ready_copies, self.ctx.notify)
 
     def lineage_changed(self) -> None:
         old, self._base, self._base_views, self._base_arena = self._base_arena, None, None, None

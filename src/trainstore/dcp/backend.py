@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 
 from ..checkpoint import manifest as mf
 from ..checkpoint.backend import SaveBackend, SaveContext, distributed_job
+from ..checkpoint.ready import ReadyCopies
 from ..checkpoint.staging import Stager
 from ..checkpoint.types import CheckpointInfo
 from ..errors import (
@@ -59,6 +60,7 @@ class DcpBackend(SaveBackend):
         self.stager = Stager()  # stage_state_dict: the host copy reused across saves
         self.base_cache = BaseCache() if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every else None
         self.known = KnownManifests()  # manifests committed or read by this job's saves (not re-read)
+        self.ready = ReadyCopies(ctx.store, ctx.job)  # this node's copies of its ranks' delta pieces
         self._groups: tuple[Any, Any] | None = None
         self._coordinator = True  # until a save says otherwise (set_up_storage_writer)
 
@@ -108,7 +110,8 @@ class DcpBackend(SaveBackend):
         ctx = self.ctx
         group = self._group()
         writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
-                               base_cache=self.base_cache, known=self.known)
+                               base_cache=self.base_cache, known=self.known,
+                               keep_delta_views=ctx.policy.ready_copies and self.ready.writable)
         try:
             md = dcp.save(staged, storage_writer=writer, checkpoint_id=step, process_group=group)
             info = (md.storage_data or {}).get(COMMITTED_KEY) if isinstance(md.storage_data, dict) else None
@@ -122,9 +125,15 @@ class DcpBackend(SaveBackend):
         self._coordinator = writer.is_coordinator
         if writer.last_manifest is None:
             self.known.committed(info.step, info.kind)
+        # every rank: restore-ready copies of its own delta pieces on its node's local tier
+        views, writer.delta_views = writer.delta_views, []
+        self.ready.after_commit(step, info.kind, lambda: views, ctx.policy.ready_copies, ctx.notify)
         # every rank, after the commit (hooks run on the coordinator only): the peer tier's cue
         ctx.notify(RANK_COMMITTED, step=step, kind=kind, rank=dist.get_rank() if dist.is_initialized() else 0)
         return info
+
+    def close(self) -> None:
+        self.ready.close()
 
     def load(self, manifest: mf.Manifest, into: Any, scratch_bytes: int) -> Any:
         """Load ``manifest`` into ``into`` (in place) or, without a target, as full tensors."""
@@ -137,7 +146,9 @@ class DcpBackend(SaveBackend):
             if steps[0].item() != -steps[1].item():  # never load different checkpoints on different ranks
                 raise ConfigError(f"ranks chose different checkpoints to restore (steps {-steps[1].item()}.."
                                   f"{steps[0].item()}); was a save committed by another job while restoring?")
-        reader = StorageReader(self.ctx.store, self.ctx.job, manifest.step, workers=self.ctx.read_workers)
+        ready = self.ready.reads(manifest.step) if manifest.kind == "incremental" else None
+        reader = StorageReader(self.ctx.store, self.ctx.job, manifest.step, workers=self.ctx.read_workers,
+                               ready=ready)
         if into is not None and not isinstance(into, dict):
             raise ConfigError(f"restore_into a distributed checkpoint needs a dict state, got {type(into).__name__}")
         try:
@@ -146,6 +157,8 @@ class DcpBackend(SaveBackend):
             dcp.load(into, storage_reader=reader, process_group=group, no_dist=not distributed)
         except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
             raise _load_error(exc, manifest.step) from exc
+        finally:
+            self.ready.report(ready, manifest.step, self.ctx.notify)
         return into
 
 

@@ -10,7 +10,9 @@ byte range only: a shard's bytes are cut into chunks in row-major order, so a ra
 rows [a, b) of a saved shard reads only the chunks holding those rows. Every chunk is
 verified (stored length, BLAKE3; XOR deltas against their recorded hash). When an item is
 a whole saved shard and its destination a contiguous CPU tensor of the same dtype, the
-chunks are decoded straight into the destination (no intermediate copy).
+chunks are decoded straight into the destination (no intermediate copy). Given the step's
+restore-ready copies (``ready``; the manager passes them), delta pieces are read from the
+copies this node holds, and through base + delta where it holds none.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..checkpoint import manifest as mf
 from ..checkpoint.manifest import Manifest, TensorEntry
 from ..checkpoint.packs import group_packed
 from ..checkpoint.reader import _read_piece
+from ..checkpoint.ready import ReadyReads
 from ..checkpoint.state import parse_numpy_dtype, parse_torch_dtype, unflatten
 from ..chunks import ChunkStore
 from ..errors import ManifestError, NoCheckpointError, NotFoundError
@@ -51,7 +54,7 @@ class StorageReader(_TorchStorageReader):
     """Reads step ``step`` (default: the newest committed) of ``job`` for ``dcp.load``."""
 
     def __init__(self, store: str | Store, job: str, step: int | None = None, *, workers: int = 4,
-                 store_options: dict | None = None) -> None:
+                 store_options: dict | None = None, ready: ReadyReads | None = None) -> None:
         super().__init__()
         self.job = mf.check_job(job)
         self._store_options = store_options
@@ -62,6 +65,7 @@ class StorageReader(_TorchStorageReader):
         self.manifest: Manifest | None = None
         self.is_coordinator = False
         self.bytes_read = 0  # raw bytes of the chunks this reader decoded (tests, benchmarks)
+        self.ready = ready  # restore-ready copies of the step's delta pieces (checkpoint.ready)
         self._items: dict[MetadataIndex, dict] = {}
 
     # -- torch protocol -----------------------------------------------------------------------
@@ -256,10 +260,10 @@ class StorageReader(_TorchStorageReader):
         self.bytes_read += sum(p.size for p, _ in tasks)
         tasks = group_packed(tasks)  # small tensors of one pack: one read of the pack
         if len(tasks) == 1:
-            _read_piece(self.chunks, *tasks[0])
+            _read_piece(self.chunks, *tasks[0], self.ready)
             return
         with ThreadPoolExecutor(max_workers=min(self.workers, len(tasks)), thread_name_prefix="trainstore-dcp-read") as pool:
-            for f in [pool.submit(_read_piece, self.chunks, p, d) for p, d in tasks]:
+            for f in [pool.submit(_read_piece, self.chunks, p, d, self.ready) for p, d in tasks]:
                 f.result()
 
 

@@ -36,6 +36,7 @@ from torch.futures import Future
 
 from ..checkpoint import layout, lease, manifest as mf
 from ..checkpoint.manifest import ChunkEntry, Manifest, TensorEntry
+from ..checkpoint.ready import entry_delta_pieces
 from ..checkpoint.staging import Stager
 from ..checkpoint.types import CheckpointInfo
 from ..checkpoint.writer import WriteOptions, WriteStats, write_tensors
@@ -127,12 +128,17 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     checkpoint of the job before this step; a full one when there is none). ``metadata``:
     JSON fields stored in the manifest (``config``, ``metrics``, ``extra``...).
     ``cache_staged_state_dict``: reuse the host copy ``dcp.async_save`` stages into.
+    ``keep_delta_views``: remember views of this rank's XOR-delta pieces in the staged bytes
+    (``delta_views``), for the restore-ready copies the manager writes after the commit
+    (``checkpoint.ready``); only where the staged bytes outlive the save (the manager's
+    host copy), since the views keep them alive.
     """
 
     def __init__(self, store: str | Store, job: str, step: int | None = None, *, kind: str = "full",
                  options: WriteOptions | None = None, store_options: dict | None = None,
                  metadata: dict | None = None, cache_staged_state_dict: bool = False,
-                 base_cache: BaseCache | None = None, known: KnownManifests | None = None) -> None:
+                 base_cache: BaseCache | None = None, known: KnownManifests | None = None,
+                 keep_delta_views: bool = False) -> None:
         _TorchStorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         if kind not in mf.KINDS:
@@ -147,6 +153,8 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.base_cache = base_cache
         self.known = known if known is not None else KnownManifests()
         self._host_copy = Stager()  # stage()'s reusable host copy (cache_staged_state_dict)
+        self.keep_delta_views = keep_delta_views
+        self.delta_views: list[tuple[str, memoryview]] = []  # (piece hash, raw bytes) of this rank's deltas
         self.is_coordinator = False
         self.rank = 0
         self.last_manifest: Manifest | None = None
@@ -186,6 +194,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
             self.step = target.step
         self.last_manifest = None
         self._decision = None
+        self.delta_views = []
 
     @property
     def checkpoint_id(self) -> str:
@@ -290,6 +299,9 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                 setattr(stats, f.name, getattr(stats, f.name) + getattr(group_stats, f.name))
             if caching:
                 self.base_cache.add(staged)  # type: ignore[union-attr]
+            if self.keep_delta_views and lookup is not None:
+                self.delta_views += [(h, st.data[start:start + size]) for st in staged
+                                     for h, start, size in entry_delta_pieces(group_entries[st.name])]
             del keep, staged
         results = []
         for i, (item, info) in enumerate(pending):
