@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
-from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
+from trainstore.checkpoint.save.writer import WriteOptions  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from checkpoint_cold import CACHE_STATES, RESTORE_METHODS, SAVE_METHODS, run_cold  # noqa: E402

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint import Methods, perturb, trained_gpt_state  # noqa: E402
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
-from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
+from trainstore.checkpoint.save.writer import WriteOptions  # noqa: E402
 
 
 def main(repeats: int) -> None:

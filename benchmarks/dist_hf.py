@@ -64,7 +64,7 @@ def rank_main(a: argparse.Namespace) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-    from trainstore.checkpoint.writer import WriteOptions
+    from trainstore.checkpoint.save.writer import WriteOptions
     from trainstore.integrations.hf import TrainstoreTrainer
 
     dist.init_process_group("gloo")

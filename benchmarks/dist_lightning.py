@@ -49,7 +49,7 @@ def rank_main(a: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from trainstore.checkpoint import CheckpointPolicy
-    from trainstore.checkpoint.layout import manifest_key
+    from trainstore.checkpoint.format.layout import manifest_key
     from trainstore.integrations.lightning import TrainstoreCheckpointIO, trainstore_strategy
     from trainstore.store import open_store
 

@@ -76,7 +76,7 @@ def rank_main(rank: int, world: int, args: dict) -> dict:
             shutil.rmtree(path, ignore_errors=True)
         dist.barrier()
 
-    from trainstore.checkpoint.writer import WriteOptions
+    from trainstore.checkpoint.save.writer import WriteOptions
     from trainstore.dcp import BaseCache
 
     # bytes-first: full pieces shuffle-zstd (the default stores them shuffle-lz4, or raw when a

@@ -41,7 +41,7 @@ from pagecache import evict, files_under  # benchmarks/ (this script's folder)
 
 from trainstore import open_store
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.data import Dataset, Loader
 from trainstore.data.serve import write_arrow_dataset
 from trainstore.hostmem import HostBuffer

@@ -30,11 +30,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from trainstore import CheckpointManager, CheckpointPolicy, open_store  # noqa: E402
-from trainstore.checkpoint import (
-    lease as leasemod,  # noqa: E402
-    manifest as mf,  # noqa: E402
-)
-from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
+from trainstore.checkpoint.format import manifest as mf  # noqa: E402
+from trainstore.checkpoint.save import lease as leasemod  # noqa: E402
+from trainstore.checkpoint.save.writer import WriteOptions  # noqa: E402
 from trainstore.chunks import ChunkStore  # noqa: E402
 from trainstore.lifecycle.gc import GcOptions, collect_garbage  # noqa: E402
 from trainstore.lifecycle.retention import delete_checkpoint  # noqa: E402

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the test harness: harness.dist
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
-from trainstore.checkpoint.writer import WriteOptions  # noqa: E402
+from trainstore.checkpoint.save.writer import WriteOptions  # noqa: E402
 from trainstore.peer import PeerPolicy, PeerTier  # noqa: E402
 from trainstore.store import LocalStore, TieredStore, open_store  # noqa: E402
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.chunks import REPLICA_SUFFIX
 from trainstore.demo.config import TrainConfig
 from trainstore.demo.train import build_model

@@ -38,7 +38,8 @@ from checkpoint import trained_gpt_state  # benchmarks/, the script's folder
 from checkpoint_cold import stepped
 
 from trainstore import codecs_bytegroup, hostmem
-from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, chunkread, reader
+from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
+from trainstore.checkpoint.restore import chunkread, reader
 
 VARIANTS = ("torch_load", "full", "full_pretouch", "incr", "incr_pretouch", "full_dropped", "incr_dropped")
 

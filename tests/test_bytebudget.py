@@ -14,8 +14,8 @@ import pytest
 
 from trainstore import open_store
 from trainstore.bytebudget import ByteBudget
-from trainstore.checkpoint.staging import StagedTensor
-from trainstore.checkpoint.writer import WriteOptions, write_tensors
+from trainstore.checkpoint.save.staging import StagedTensor
+from trainstore.checkpoint.save.writer import WriteOptions, write_tensors
 from trainstore.chunks import ChunkStore, PutResult
 from trainstore.errors import ConfigError
 

@@ -164,7 +164,7 @@ def test_incrementals_default_to_bytegroup_and_earlier_shuffle_zstd_deltas_still
     import torch
 
     from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-    from trainstore.checkpoint.writer import WriteOptions
+    from trainstore.checkpoint.save.writer import WriteOptions
 
     def state(step: int) -> dict:
         g = torch.Generator().manual_seed(0)

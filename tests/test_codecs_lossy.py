@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from trainstore import codecs
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.codecs import CodecConfig
 from trainstore.errors import ChunkCorruptError, ConfigError
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.hostmem import HostBuffer
 from trainstore.store import local as local_mod
 from trainstore.store.local import TEMP_PREFIX, LocalStore

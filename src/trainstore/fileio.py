@@ -49,7 +49,7 @@ DIRECT_MIN_BYTES = 1 << 20
 
 def direct_eligible(data: Buffer) -> bool:
     """Whether ``data`` may be written with ``O_DIRECT``: large, and starting 4 KiB-aligned
-    (checkpoint staging slots are; see ``checkpoint.staging``)."""
+    (checkpoint staging slots are; see ``checkpoint.save.staging``)."""
     view = memoryview(data)
     if view.nbytes < DIRECT_MIN_BYTES or not view.contiguous:
         return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from harness.breakable import breakable_dir
 
-from trainstore.checkpoint.staging import CLOSED_ARENAS
+from trainstore.checkpoint.save.staging import CLOSED_ARENAS
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ CHILD = textwrap.dedent("""
     import os, sys, time
     import numpy as np
     from trainstore import CheckpointManager, CheckpointPolicy
-    from trainstore.checkpoint.writer import WriteOptions
+    from trainstore.checkpoint.save.writer import WriteOptions
 
     root, me, other, codec, level, dtype, rounds = sys.argv[1:8]
     level, rounds = int(level), int(rounds)

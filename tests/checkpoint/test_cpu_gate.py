@@ -10,7 +10,7 @@ import pytest
 
 from trainstore import codecs
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.writer import WriteOptions, default_cpu_threads
+from trainstore.checkpoint.save.writer import WriteOptions, default_cpu_threads
 from trainstore.errors import ConfigError
 
 
@@ -39,7 +39,7 @@ def test_at_most_cpu_threads_encode_at_once_and_the_save_round_trips(tmp_path, m
     counter = _Counter()
     encode = counter.wrap(codecs.encode)
     monkeypatch.setattr("trainstore.chunks.encode", encode)
-    monkeypatch.setattr("trainstore.checkpoint.delta.encode", encode)
+    monkeypatch.setattr("trainstore.checkpoint.format.delta.encode", encode)
     rng = np.random.default_rng(0)
     state = {f"w{i}": (rng.standard_normal(64 << 10) * 0.02).astype(np.float32) for i in range(6)}
     opts = WriteOptions(chunk_bytes=64 << 10, workers=8, cpu_threads=cpu_threads, codec="shuffle-zstd", raw_above=1.0)

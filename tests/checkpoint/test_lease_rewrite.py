@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainstore import open_store
-from trainstore.checkpoint import lease
+from trainstore.checkpoint.save import lease
 from trainstore.chunks import ChunkStore
 from trainstore.codecs import CodecConfig
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.lossy import moment_kind
+from trainstore.checkpoint.save.lossy import moment_kind
 from trainstore.codecs import LOSSY_CODECS
 from trainstore.errors import ConfigError, NoValidCheckpointError
 

@@ -10,7 +10,7 @@ import pytest
 
 from trainstore import CheckpointManager, CheckpointPolicy
 from trainstore.checkpoint.objectives import ObjectivePolicy, Objectives, plan_interval
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import ConfigError
 from trainstore.lifecycle.metrics import CheckpointMetrics
 

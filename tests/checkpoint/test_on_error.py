@@ -11,7 +11,7 @@ import pytest
 from harness.breakable import BreakableDir
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.failures import SaveErrorPolicy
+from trainstore.checkpoint.save.failures import SaveErrorPolicy
 from trainstore.errors import BackgroundError, ConfigError
 from trainstore.lifecycle.metrics import CheckpointMetrics
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, manifest as mf
-from trainstore.checkpoint.packs import ALIGN, plan_packs
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.format.packs import ALIGN, plan_packs
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import ChunkCorruptError, ConfigError, ManifestError
 
 pytestmark = pytest.mark.timeout(180)
@@ -250,7 +251,7 @@ def test_random_states_roundtrip_bit_exactly_through_full_and_incremental(tmp_pa
 
 
 def test_a_pack_deleted_by_gc_is_rebuilt_from_its_members_or_refused(tmp_path):
-    from trainstore.checkpoint.packs import rebuild_pack
+    from trainstore.checkpoint.format.packs import rebuild_pack
     from trainstore.errors import IntegrityError
 
     state = {"model": {"a": torch.randn(100), "b": torch.randn(30)}}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.state import NOT_LOADED
+from trainstore.checkpoint.format.state import NOT_LOADED
 from trainstore.errors import ConfigError, IntegrityError, NoValidCheckpointError
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""Restore-ready copies of the newest incremental (issue 30 item 1, ``checkpoint.ready``):
+"""Restore-ready copies of the newest incremental (issue 30 item 1, ``checkpoint.format.ready``):
 written after the commit, read instead of the deltas, never trusted (a bad or missing copy
 falls back to the delta), kept for the newest step only, and never part of a checkpoint
 (the durable tier, GC and verification do not see them)."""
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.ready import READY_PREFIX
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format.ready import READY_PREFIX
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.lifecycle.gc import GcOptions, collect_garbage
 from trainstore.lifecycle.tiering import Tiering, TierPolicy
 from trainstore.store import open_store

@@ -13,8 +13,9 @@ import time
 import pytest
 import torch
 
-from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import ChunkCorruptError, NoCheckpointError, NoValidCheckpointError
 
 pytestmark = pytest.mark.timeout(180)
@@ -115,7 +116,7 @@ def test_verify_reports_and_records(tmp_path):
 _ZYGOTE = textwrap.dedent("""
     import os, sys, torch
     from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-    from trainstore.checkpoint.writer import WriteOptions
+    from trainstore.checkpoint.save.writer import WriteOptions
 
     def saver(root):
         mgr = CheckpointManager(root, job="kill", policy=CheckpointPolicy(full_every=3, incremental_every=1),

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.chunks import replica_key
 from trainstore.errors import ChunkCorruptError, NoValidCheckpointError
 from trainstore.lifecycle.gc import GcOptions, collect_garbage

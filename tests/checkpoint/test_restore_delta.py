@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
-from trainstore.checkpoint import chunkread
-from trainstore.checkpoint.delta import DeltaApply
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format.delta import DeltaApply
+from trainstore.checkpoint.restore import chunkread
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.chunks import ChunkStore
 
 KIB = 1 << 10

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
-from trainstore.checkpoint import chunkread, reader
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.restore import chunkread, reader
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import IntegrityError, StoreError
 from trainstore.hostmem import thp_mode
 from trainstore.store.tiered import TieredStore

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from trainstore import errors as E
-from trainstore.checkpoint import CheckpointManager, manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint import CheckpointManager
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 
 pytestmark = pytest.mark.timeout(120)
 JOB = "tx"

@@ -11,10 +11,10 @@ import torch
 from typer.testing import CliRunner
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.layout import abandoned_key, list_abandoned, manifest_key
-from trainstore.checkpoint.lineage import load_abandoned
-from trainstore.checkpoint.reader import load_state
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format.layout import abandoned_key, list_abandoned, manifest_key
+from trainstore.checkpoint.format.lineage import load_abandoned
+from trainstore.checkpoint.restore.reader import load_state
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.chunks import ChunkStore
 from trainstore.cli.main import app
 from trainstore.errors import AlreadyExistsError

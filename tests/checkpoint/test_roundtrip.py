@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import AlreadyExistsError, BackgroundError, ConfigError, UnsupportedTypeError
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.staging import (
+from trainstore.checkpoint.format.state import flatten
+from trainstore.checkpoint.save.staging import (
     Arena,
     Stager,
     plan,
     plan_sizes,
     template_sizes,
 )
-from trainstore.checkpoint.state import flatten
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.hostmem import thp_mode
 
 pytestmark = pytest.mark.timeout(120)

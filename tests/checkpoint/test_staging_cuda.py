@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from trainstore.checkpoint import CheckpointManager
-from trainstore.checkpoint.staging import Arena, Stager, plan
-from trainstore.checkpoint.state import flatten
+from trainstore.checkpoint.format.state import flatten
+from trainstore.checkpoint.save.staging import Arena, Stager, plan
 from trainstore.devicecopy import cuda_available, to_host
 from trainstore.errors import ConfigError
 from trainstore.hostmem import HostBuffer

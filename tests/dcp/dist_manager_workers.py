@@ -129,7 +129,7 @@ def manager_corrupt(rank: int, world: int, args: dict) -> dict:
     """A corrupt chunk only rank 1 reads: every rank must fall back to the same older step."""
     import torch.distributed as dist
 
-    from trainstore.checkpoint import manifest as mf
+    from trainstore.checkpoint.format import manifest as mf
     from trainstore.store import open_store
 
     store = open_store(args["root"])

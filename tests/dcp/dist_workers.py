@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.dcp import StorageReader, StorageWriter, describe_failure
 from trainstore.errors import StoreError
 from trainstore.store.local import LocalStore

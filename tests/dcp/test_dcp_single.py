@@ -9,8 +9,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.planner import SavePlan
 
-from trainstore.checkpoint import CheckpointManager, manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint import CheckpointManager
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.dcp import StorageReader, StorageWriter
 from trainstore.errors import ConfigError
 from trainstore.store import open_store

@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from harness.dist import run_ranks
 
-from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.dcp import StorageReader, StorageWriter
 from trainstore.store.local import LocalStore
 
@@ -33,7 +33,7 @@ def jobs(tmp_path_factory):
     """One 4-rank and one 2-rank job run every multi-rank scenario (start-up dominates)."""
     root = str(tmp_path_factory.mktemp("dcp"))
     t = torch.arange(64 * 1024, dtype=torch.float32).reshape(256, 256)
-    from trainstore.checkpoint.writer import WriteOptions  # noqa: PLC0415
+    from trainstore.checkpoint.save.writer import WriteOptions  # noqa: PLC0415
 
     dcp.save({"t": t}, storage_writer=StorageWriter(root, "big", options=WriteOptions(chunk_bytes=4096, pack_below=0)),
              checkpoint_id=1, no_dist=True)

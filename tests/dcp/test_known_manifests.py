@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.dcp import StorageReader, StorageWriter
 from trainstore.dcp.coordination import KnownManifests
 from trainstore.lifecycle.deletion import delete_checkpoint

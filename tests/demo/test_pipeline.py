@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainstore import open_store
-from trainstore.checkpoint import CheckpointManager, manifest as mf
+from trainstore.checkpoint import CheckpointManager
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.demo.crash import JOB
 from trainstore.demo.lifecycle_stage import MODEL
 from trainstore.demo.report import PLOTS, load_run

@@ -59,7 +59,7 @@ def ckpt_policy():  # noqa: ANN201 - lazy import
 
 
 def ckpt_options():  # noqa: ANN201
-    from trainstore.checkpoint.writer import WriteOptions
+    from trainstore.checkpoint.save.writer import WriteOptions
 
     return WriteOptions(chunk_bytes=CHUNK_BYTES, workers=2)
 

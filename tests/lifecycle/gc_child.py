@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.lifecycle.retention import RetentionPolicy, retention_hook
 
 root, job, n = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.chunks import ChunkStore
 
 DAY = 86400.0

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.cli.main import app
 
 from .helpers import DAY, NOW, make_ckpt

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainstore import CheckpointManager, CheckpointPolicy, Registry
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import ConfigError, NotFoundError
 from trainstore.lifecycle.export import export_safetensors, export_version
 from trainstore.lifecycle.metrics import CheckpointMetrics, load_stats

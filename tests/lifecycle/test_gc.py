@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import ConfigError, ManifestError
 from trainstore.lifecycle.gc import LEASES, GcOptions, collect_garbage, sweep_markers
 from trainstore.lifecycle.retention import RetentionPolicy, delete_checkpoint, retention_hook
@@ -194,7 +194,7 @@ def test_gc_stress_many_savers(tmp_path):
 
 
 def test_a_crashed_sweep_delays_saves_only_until_its_deadline(tmp_path, monkeypatch):
-    import trainstore.checkpoint.lease as gcmod
+    import trainstore.checkpoint.save.lease as gcmod
 
     monkeypatch.setattr(gcmod, "CLOCK_SKEW_S", 0.0)
     root = str(tmp_path / "s")
@@ -217,7 +217,7 @@ def test_a_sweep_in_another_pid_namespace_is_waited_for(tmp_path, monkeypatch):
     """A live sweep in a container sharing this host name (and boot id) but not the PID
     namespace: its pid means nothing here, so the saver must wait out the deadline instead
     of judging it dead and committing while the sweep may still delete reused chunks."""
-    import trainstore.checkpoint.lease as gcmod
+    import trainstore.checkpoint.save.lease as gcmod
     from trainstore.liveness import identity
 
     monkeypatch.setattr(gcmod, "CLOCK_SKEW_S", 0.0)
@@ -268,7 +268,7 @@ def test_a_save_that_waited_past_the_renewal_age_commits_under_a_fresh_lease(sto
     """A sweep with ``lease_ttl`` T stops honouring a lease T after its creation. A save that
     waited long for a sweep writes its lease again (and re-checks) before committing, so its
     lease is always younger than ``LEASE_RENEW_S`` (< T minus skew) at the commit."""
-    import trainstore.checkpoint.lease as gcmod
+    import trainstore.checkpoint.save.lease as gcmod
     from trainstore.chunks import ChunkStore
     from trainstore.liveness import identity
 
@@ -315,7 +315,7 @@ def test_a_save_committing_between_the_sweeps_two_reference_listings_keeps_its_c
     listing, the save commits and drops its lease, then the sweep takes the second listing.
     Listing manifests first (gc before 8e08728) saw neither the manifest nor the lease and
     deleted the reused chunk of a committed checkpoint; leases first sees one of them."""
-    from trainstore.checkpoint.lease import commit_lease
+    from trainstore.checkpoint.save.lease import commit_lease
     from trainstore.chunks import ChunkStore
 
     root = str(tmp_path / "s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainstore import RetentionPolicy, open_store
-from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.errors import ConfigError
 from trainstore.lifecycle.registry import Registry
 from trainstore.lifecycle.retention import KeepBest, apply_retention, parse_duration, plan_retention

@@ -12,9 +12,10 @@ import torch
 from typer.testing import CliRunner
 
 from trainstore import RetentionPolicy, open_store
-from trainstore.checkpoint import CheckpointManager, manifest as mf
-from trainstore.checkpoint.lease import CopyLease
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint import CheckpointManager
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.lease import CopyLease
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.chunks import ChunkStore
 from trainstore.cli.main import app
 from trainstore.lifecycle.retention import apply_retention, retention_hook

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainstore import open_store
-from trainstore.checkpoint import manifest as mf
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.errors import ConfigError
 from trainstore.lifecycle.registry import Registry
 from trainstore.lifecycle.retention import (

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointPolicy, open_store
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import BackgroundError
 from trainstore.lifecycle.gc import GcOptions, collect_garbage
 from trainstore.lifecycle.tiering import Tiering, TierPolicy
@@ -219,7 +219,7 @@ def tier_state(step):
 TIER_CHILD = STATE_SRC + """
 import sys
 from trainstore import CheckpointPolicy
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.lifecycle.tiering import Tiering, TierPolicy
 
 hot, durable, start = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointPolicy, open_store
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.lifecycle.gc import LEASES
 from trainstore.lifecycle.tiering import Tiering, TierPolicy
 

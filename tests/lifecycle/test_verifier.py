@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.cli.main import app
 from trainstore.errors import ConfigError
 from trainstore.lifecycle.metrics import CheckpointMetrics

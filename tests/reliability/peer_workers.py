@@ -10,7 +10,7 @@ import threading
 import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.peer import PeerPolicy, PeerTier
 from trainstore.peer.transport import Transport
 from trainstore.store import Buffer, LocalStore, Store, TieredStore

@@ -23,7 +23,8 @@ from harness import child_env, module_command
 from harness.crashkit import ckpt_options, ckpt_policy, ckpt_state, states_equal
 
 from trainstore import open_store
-from trainstore.checkpoint import CheckpointManager, manifest as mf
+from trainstore.checkpoint import CheckpointManager
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.errors import (
     AlreadyExistsError,
     BackgroundError,

@@ -87,7 +87,8 @@ def _ckpt_disk_full(root: str, fill, free) -> dict:
     space, restore the previous checkpoint and continue training (saving again)."""
     from harness.crashkit import ckpt_options, ckpt_state, states_equal
 
-    from trainstore.checkpoint import CheckpointManager, manifest as mf
+    from trainstore.checkpoint import CheckpointManager
+    from trainstore.checkpoint.format import manifest as mf
     from trainstore.errors import TrainstoreError
 
     store = open_store(root)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointPolicy, RetentionPolicy
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import BackgroundError
 from trainstore.lifecycle.metrics import CheckpointMetrics
 from trainstore.lifecycle.retention import retention_hook

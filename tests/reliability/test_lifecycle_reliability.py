@@ -17,7 +17,8 @@ from harness import child_env, module_command
 from harness.crashkit import ckpt_options, ckpt_state, states_equal
 
 from trainstore import open_store
-from trainstore.checkpoint import CheckpointManager, CheckpointPolicy, manifest as mf
+from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.lifecycle.gc import GcOptions, collect_garbage
 from trainstore.lifecycle.registry import Registry
 from trainstore.lifecycle.retention import RetentionPolicy, apply_retention

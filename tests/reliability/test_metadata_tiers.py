@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import IntegrityError, ManifestError
 from trainstore.lifecycle.registry import Registry
 from trainstore.lifecycle.tiering import Tiering, TierPolicy

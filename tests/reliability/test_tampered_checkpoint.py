@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from trainstore import open_store
-from trainstore.checkpoint import CheckpointManager, manifest as mf
+from trainstore.checkpoint import CheckpointManager
+from trainstore.checkpoint.format import manifest as mf
 from trainstore.chunks import ChunkStore
 from trainstore.errors import ManifestError, TrainstoreError
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointPolicy, open_store
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import BackgroundError
 from trainstore.lifecycle.gc import LEASES, GcOptions, collect_garbage
 from trainstore.lifecycle.retention import delete_checkpoint

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from trainstore import CheckpointManager, CheckpointPolicy
-from trainstore.checkpoint import manifest as mf
-from trainstore.checkpoint.writer import WriteOptions
+from trainstore.checkpoint.format import manifest as mf
+from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.chunks import replica_key
 from trainstore.lifecycle.redundancy import Redundancy, RedundancyPolicy
 from trainstore.lifecycle.retention import delete_checkpoint

@@ -1,9 +1,9 @@
 """Checkpoints: async, incremental, verified saves with automatic recovery.
 
-Modules: ``manifest`` (format, layout, listing), ``state`` (flatten state to tensors + JSON),
-``rng`` (RNG capture/restore), ``staging`` (reusable host buffers), ``writer`` (background
-chunk writes), ``delta`` (incremental XOR deltas), ``reader`` (restore), ``verify``,
-``manager`` (the public ``CheckpointManager``).
+``manager`` (the public ``CheckpointManager``) and its save backends (``backend``, ``single``;
+the DCP one is ``trainstore.dcp``), ``recovery`` (which checkpoint a restore loads), ``types``,
+``listing``, ``objectives``, ``rng``; below them ``format`` (what a checkpoint is in a store),
+``save`` (the write path) and ``restore`` (the read path).
 """
 
 from __future__ import annotations

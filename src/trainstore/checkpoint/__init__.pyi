@@ -1,6 +1,7 @@
 """Names of this package, imported lazily at run time (lazy_loader reads this stub);
 type checkers read it as the package's interface."""
 
+from .format.manifest import Manifest as Manifest
 from .manager import (
     CheckpointInfo as CheckpointInfo,
     CheckpointManager as CheckpointManager,
@@ -8,5 +9,4 @@ from .manager import (
     RestoreResult as RestoreResult,
     SaveHandle as SaveHandle,
 )
-from .manifest import Manifest as Manifest
 from .rng import capture_rng as capture_rng, restore_rng as restore_rng

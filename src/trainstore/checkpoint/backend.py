@@ -45,9 +45,9 @@ from typing import Any
 from ..chunks import ChunkStore
 from ..errors import ConfigError
 from ..store.base import Store
-from .manifest import Manifest
+from .format.manifest import Manifest
+from .save.writer import WriteOptions
 from .types import CheckpointInfo, CheckpointPolicy
-from .writer import WriteOptions
 
 #: entry point group of save backends (``name = "module:Class"``; see pyproject.toml)
 ENTRY_POINT_GROUP = "trainstore.save_backends"

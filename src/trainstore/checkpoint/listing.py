@@ -12,9 +12,9 @@ import logging
 
 from ..errors import ManifestError, NotFoundError, StoreUnavailableError, TrainstoreError
 from ..store.base import Store
-from . import manifest as mf
-from .layout import list_abandoned
-from .lineage import load_abandoned
+from .format import manifest as mf
+from .format.layout import list_abandoned
+from .format.lineage import load_abandoned
 from .types import CheckpointInfo
 
 log = logging.getLogger("trainstore.checkpoint")

@@ -46,19 +46,19 @@ from ..gcpause import gc_paused
 from ..provenance import code_version, trainstore_version
 from ..store import open_store
 from ..store.base import Store
-from . import exit as exit_hooks, lineage, manifest as mf
 from .backend import SaveBackend, SaveContext, backend_class, backend_name
-from .failures import SaveErrorPolicy, SaveFailures
-from .inflight import InflightSaves
+from .format import lineage, manifest as mf
+from .format.state import jsonable
 from .listing import checkpoint_infos
-from .manifest import Manifest
-from .reader import SCRATCH_BYTES
-from .restore import nothing_restored, restore_result, restore_selected
-from .select import Selection
-from .state import jsonable
+from .recovery import nothing_restored, restore_result, restore_selected
+from .restore.reader import SCRATCH_BYTES
+from .restore.select import Selection
+from .restore.verify import verify_steps
+from .save import exit as exit_hooks
+from .save.failures import SaveErrorPolicy, SaveFailures
+from .save.inflight import InflightSaves
+from .save.writer import WriteOptions, lower_thread_priority
 from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle
-from .verify import verify_steps
-from .writer import WriteOptions, lower_thread_priority
 
 log = logging.getLogger("trainstore.checkpoint")
 
@@ -320,7 +320,7 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def manifest(self, step: int) -> Manifest:
+    def manifest(self, step: int) -> mf.Manifest:
         return mf.load_manifest(self.store, self.job, step)
 
     def list(self, abandoned: bool = False) -> list[CheckpointInfo]:

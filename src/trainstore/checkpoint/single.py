@@ -17,15 +17,16 @@ from dataclasses import fields
 from typing import Any
 
 from ..errors import TrainstoreError
-from . import layout, lease, lossy, manifest as mf
 from .backend import SaveBackend, SaveContext
-from .manifest import ChunkEntry, Manifest, TensorEntry
-from .reader import load_into, load_state
-from .ready import ReadyCopies, delta_pieces
-from .staging import Arena, StagedTensor, Stager, plan, plan_sizes, template_sizes
-from .state import flatten
+from .format import layout, manifest as mf
+from .format.manifest import ChunkEntry, Manifest, TensorEntry
+from .format.ready import ReadyCopies, delta_pieces
+from .format.state import flatten
+from .restore.reader import load_into, load_state
+from .save import lease, lossy
+from .save.staging import Arena, StagedTensor, Stager, plan, plan_sizes, template_sizes
+from .save.writer import WriteStats, write_tensors
 from .types import CheckpointInfo
-from .writer import WriteStats, write_tensors
 
 log = logging.getLogger("trainstore.checkpoint")
 
@@ -117,7 +118,7 @@ class SingleProcessBackend(SaveBackend):
         return state
 
     def _after_commit(self, m: Manifest, data: dict[str, memoryview]) -> None:
-        """Restore-ready copies of an incremental's changed pieces (``checkpoint.ready``)."""
+        """Restore-ready copies of an incremental's changed pieces (``checkpoint.format.ready``)."""
         self.ready.after_commit(m.step, m.kind, lambda: ((h, data[name][start:start + size])
                                                          for name, h, start, size in delta_pieces(m)),
                                 self.ctx.policy.ready_copies, self.ctx.notify)

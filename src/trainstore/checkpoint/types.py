@@ -8,12 +8,12 @@ from typing import Any
 
 from ..chunks import RepairEvent
 from ..errors import ConfigError
-from . import manifest as mf
-from .lineage import run_of
-from .lossy import LossyReport, check_mode
-from .manifest import Manifest
+from .format import manifest as mf
+from .format.lineage import run_of
+from .format.manifest import Manifest
 from .objectives import ON_BUSY, ObjectivePolicy, Objectives
-from .select import PartialReport
+from .restore.select import PartialReport
+from .save.lossy import LossyReport, check_mode
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,14 @@ class CheckpointPolicy:
     incrementals XOR against memory instead of re-reading the store (costs one state-sized
     buffer). ``ready_copies``: after an incremental commits, write the raw bytes of its
     changed pieces to the local tier, so restoring the newest checkpoint reads them instead of
-    decoding deltas (``checkpoint.ready``: costs one raw write of the changed pieces per
+    decoding deltas (``checkpoint.format.ready``: costs one raw write of the changed pieces per
     incremental and that much local disk for the newest step only); False writes none and
     drops existing ones at the next save.
 
     ``optimizer_moments``: ``"lossless"`` (default, bit-exact), or opt-in lossy storage of
     float32 Adam/AdamW moments (``exp_avg``, ``exp_avg_sq``): ``"bf16"`` or
     ``"int8-blockwise"`` (8-bit log-map codes with per-block scales); parameters and
-    everything else stay lossless (``checkpoint.lossy``; ``RestoreResult.lossy`` reports it).
+    everything else stay lossless (``checkpoint.save.lossy``; ``RestoreResult.lossy`` reports it).
     """
 
     full_every: int = 1000
@@ -94,7 +94,7 @@ class CheckpointInfo:
     code_version: str | None = None  # the user's code (provenance.code_version)
     durable: bool = True
     trainstore_version: str | None = None  # the library that wrote it (provenance.trainstore_version)
-    run: str | None = None  # the run that wrote it (checkpoint.lineage; None before run ids)
+    run: str | None = None  # the run that wrote it (checkpoint.format.lineage; None before run ids)
     abandoned: bool = False  # left behind by a rollback or rerun: not in the lineage restore follows
 
     @classmethod

@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..errors import ConfigError, NotFoundError
 from .common import (
     JsonOpt,

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..checkpoint import layout, manifest as mf
+from ..checkpoint.format import layout, manifest as mf
 from ..errors import ConfigError
 from .common import (
     JobOpt,

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from ..checkpoint import layout
+from ..checkpoint.format import layout
 from ..errors import CredentialsError, NotFoundError, TrainstoreError
 from ..store import Store, open_store
 

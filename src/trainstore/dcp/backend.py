@@ -24,10 +24,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from ..checkpoint import manifest as mf
 from ..checkpoint.backend import SaveBackend, SaveContext, distributed_job
-from ..checkpoint.ready import ReadyCopies
-from ..checkpoint.staging import Stager
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.ready import ReadyCopies
+from ..checkpoint.save.staging import Stager
 from ..checkpoint.types import CheckpointInfo
 from ..errors import (
     AlreadyExistsError,

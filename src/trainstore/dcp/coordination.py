@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..errors import ConfigError, DistributedError, TrainstoreError
 from ..naming import NAME_PATTERN
 from ..store.base import Store

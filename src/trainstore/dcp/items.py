@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from ..checkpoint.staging import StagedTensor
-from ..checkpoint.state import flatten
+from ..checkpoint.format.state import flatten
+from ..checkpoint.save.staging import StagedTensor
 from ..errors import UnsupportedTypeError
 
 OBJ_PREFIX = "obj:"

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ..checkpoint.state import flatten, parse_torch_dtype, unflatten
+from ..checkpoint.format.state import flatten, parse_torch_dtype, unflatten
 from ..errors import ManifestError, UnsupportedTypeError
 
 DCP_FORMAT = "trainstore.dcp/1"

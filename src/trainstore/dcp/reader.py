@@ -30,12 +30,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader as _TorchStorageReader
 from torch.futures import Future
 
-from ..checkpoint import manifest as mf
-from ..checkpoint.manifest import Manifest, TensorEntry
-from ..checkpoint.packs import group_packed
-from ..checkpoint.reader import _read_piece
-from ..checkpoint.ready import ReadyReads
-from ..checkpoint.state import parse_numpy_dtype, parse_torch_dtype, unflatten
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.manifest import Manifest, TensorEntry
+from ..checkpoint.format.packs import group_packed
+from ..checkpoint.format.ready import ReadyReads
+from ..checkpoint.format.state import parse_numpy_dtype, parse_torch_dtype, unflatten
+from ..checkpoint.restore.reader import read_piece
 from ..chunks import ChunkStore
 from ..errors import ManifestError, NoCheckpointError, NotFoundError
 from ..store import open_store
@@ -65,7 +65,7 @@ class StorageReader(_TorchStorageReader):
         self.manifest: Manifest | None = None
         self.is_coordinator = False
         self.bytes_read = 0  # raw bytes of the chunks this reader decoded (tests, benchmarks)
-        self.ready = ready  # restore-ready copies of the step's delta pieces (checkpoint.ready)
+        self.ready = ready  # restore-ready copies of the step's delta pieces (checkpoint.format.ready)
         self._items: dict[MetadataIndex, dict] = {}
 
     # -- torch protocol -----------------------------------------------------------------------
@@ -260,10 +260,10 @@ class StorageReader(_TorchStorageReader):
         self.bytes_read += sum(p.size for p, _ in tasks)
         tasks = group_packed(tasks)  # small tensors of one pack: one read of the pack
         if len(tasks) == 1:
-            _read_piece(self.chunks, *tasks[0], self.ready)
+            read_piece(self.chunks, *tasks[0], self.ready)
             return
         with ThreadPoolExecutor(max_workers=min(self.workers, len(tasks)), thread_name_prefix="trainstore-dcp-read") as pool:
-            for f in [pool.submit(_read_piece, self.chunks, p, d, self.ready) for p, d in tasks]:
+            for f in [pool.submit(read_piece, self.chunks, p, d, self.ready) for p, d in tasks]:
                 f.result()
 
 

@@ -34,12 +34,13 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter as _TorchStorageWriter, WriteResult
 from torch.futures import Future
 
-from ..checkpoint import layout, lease, manifest as mf
-from ..checkpoint.manifest import ChunkEntry, Manifest, TensorEntry
-from ..checkpoint.ready import entry_delta_pieces
-from ..checkpoint.staging import Stager
+from ..checkpoint.format import layout, manifest as mf
+from ..checkpoint.format.manifest import ChunkEntry, Manifest, TensorEntry
+from ..checkpoint.format.ready import entry_delta_pieces
+from ..checkpoint.save import lease
+from ..checkpoint.save.staging import Stager
+from ..checkpoint.save.writer import WriteOptions, WriteStats, write_tensors
 from ..checkpoint.types import CheckpointInfo
-from ..checkpoint.writer import WriteOptions, WriteStats, write_tensors
 from ..chunks import ChunkStore
 from ..codecs import CodecConfig
 from ..errors import ConfigError, ManifestError, TrainstoreError
@@ -130,7 +131,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     ``cache_staged_state_dict``: reuse the host copy ``dcp.async_save`` stages into.
     ``keep_delta_views``: remember views of this rank's XOR-delta pieces in the staged bytes
     (``delta_views``), for the restore-ready copies the manager writes after the commit
-    (``checkpoint.ready``); only where the staged bytes outlive the save (the manager's
+    (``checkpoint.format.ready``); only where the staged bytes outlive the save (the manager's
     host copy), since the views keep them alive.
     """
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint import CheckpointManager
-from ..checkpoint.manifest import list_steps
+from ..checkpoint.format.manifest import list_steps
 from ..errors import TrainstoreError
 from ..store import open_store
 from .context import HOT_KEEP_LAST, RunContext

@@ -91,7 +91,7 @@ def train(spec: TrainSpec, emit: Callable[[dict], None] = _emit) -> None:
 
     from ..checkpoint import CheckpointManager, CheckpointPolicy
     from ..checkpoint.rng import capture_rng, restore_rng
-    from ..checkpoint.writer import WriteOptions
+    from ..checkpoint.save.writer import WriteOptions
     from ..data import Dataset, Loader
     from ..lifecycle.tiering import Tiering, TierPolicy
     from ..store import open_store

@@ -27,7 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from ..checkpoint import CheckpointManager, manifest as mf
+from ..checkpoint import CheckpointManager
+from ..checkpoint.format import manifest as mf
 from ..errors import ConfigError, TrainstoreError
 
 FORMAT_KEY = "trainstore_format"  # in the checkpoint's config

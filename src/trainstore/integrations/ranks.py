@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import CheckpointManager, capture_rng, manifest as mf
+from ..checkpoint import CheckpointManager, capture_rng
+from ..checkpoint.format import manifest as mf
 
 log = logging.getLogger("trainstore.integrations.ranks")
 

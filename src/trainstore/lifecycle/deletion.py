@@ -3,8 +3,8 @@ files that only describe it. Chunks are left to ``gc`` (or retention's reclaim p
 
 from __future__ import annotations
 
-from ..checkpoint import manifest as mf
-from ..checkpoint.lineage import prune_empty_dirs
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.lineage import prune_empty_dirs
 from ..store.base import Store
 
 

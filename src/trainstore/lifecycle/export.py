@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import manifest as mf
-from ..checkpoint.reader import load_state
-from ..checkpoint.state import flatten
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.state import flatten
+from ..checkpoint.restore.reader import load_state
 from ..chunks import ChunkStore
 from ..errors import AlreadyExistsError, ConfigError, NotFoundError, StoreError
 from ..fileio import create_temp_dir, replacing, write_atomic

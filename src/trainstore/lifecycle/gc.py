@@ -12,7 +12,7 @@ exists, so one of the two listings sees every committed or committing save); (4)
 grace period, while the marker's deadline (renewed by a heartbeat) is ahead; (5) mark the
 marker ``done``.
 
-**Save**: ``trainstore.checkpoint.lease.commit_lease`` (the save backends call it right before
+**Save**: ``trainstore.checkpoint.save.lease.commit_lease`` (the save backends call it right before
 they commit a manifest) writes a lease, then re-checks its chunks against sweeps that may
 have been deleting; this module keeps the sweep and imports the shared names from there.
 
@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..checkpoint import manifest as mf
-from ..checkpoint.layout import parse_manifest_key
-from ..checkpoint.lease import (
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.layout import parse_manifest_key
+from ..checkpoint.format.lineage import load_abandoned
+from ..checkpoint.save.lease import (
     CLOCK_SKEW_S,
     LEASE_RENEW_S,
     LEASES,
@@ -51,7 +52,6 @@ from ..checkpoint.lease import (
     SWEEPS,
     sweep_markers,
 )
-from ..checkpoint.lineage import load_abandoned
 from ..chunks import ChunkStore, replica_key
 from ..durations import parse_duration
 from ..errors import ConfigError, ManifestError, NotFoundError, TrainstoreError

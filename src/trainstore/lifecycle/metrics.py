@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..errors import TrainstoreError
 from ..store.base import Store
 

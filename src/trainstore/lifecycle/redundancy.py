@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..chunks import ChunkRef, ChunkStore
 from ..errors import ConfigError, ManifestError, NotFoundError
 from ..store.base import Store

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import naming
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..errors import AlreadyExistsError, ConfigError, ConflictError, ManifestError, NotFoundError
 from ..store import open_store
 from ..store.base import Store

@@ -11,7 +11,7 @@ every kept incremental (never an orphaned delta).
 design documents (every checkpoint of the last week, full ones of the last month,
 registered ones forever).
 
-Steps a rollback or rerun left behind (``checkpoint.lineage``: ``abandoned/``) are decided
+Steps a rollback or rerun left behind (``checkpoint.format.lineage``: ``abandoned/``) are decided
 too: one is kept while the rule would keep it in place of the lineage's step of the same
 number (``LatestN(3)`` keeps it until the new lineage has three newer steps; ``Within("7d")``
 for a week), never counted against the lineage's own checkpoints.
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from ..checkpoint import manifest as mf
-from ..checkpoint.layout import abandoned_prefix, parse_manifest_key
-from ..checkpoint.lineage import load_abandoned, run_of
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.layout import abandoned_prefix, parse_manifest_key
+from ..checkpoint.format.lineage import load_abandoned, run_of
 from ..errors import (
     ConfigError,
     ManifestError,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..durations import format_duration, parse_duration
 from ..errors import ConfigError
 

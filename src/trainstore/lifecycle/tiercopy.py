@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ..checkpoint import manifest as mf
-from ..checkpoint.lease import CopyLease
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.save.lease import CopyLease
 from ..chunks import ChunkStore, RepairEvent
 from ..errors import AlreadyExistsError, ConflictError
 from ..store.base import Store

@@ -23,7 +23,7 @@
 * ``TieredStore`` (``trainstore.store.tiered``, in write-back mode here) reads hot, else
   durable, else archive: restore is transparent.
 
-GC leases (``checkpoint.lease``): a save leases its chunks in hot only (the tier it commits
+GC leases (``checkpoint.save.lease``): a save leases its chunks in hot only (the tier it commits
 in; its chunks are all in hot), so a durable tier that is full or down never fails a save -
 the copy fails, is reported, and ``sync`` copies later. The durable copy takes its own lease
 on the destination tier (``CopyLease``) before it looks at which chunks are there, and drops
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..chunks import RepairEvent
 from ..durations import parse_duration
 from ..errors import (

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint import manifest as mf
-from ..checkpoint.verify import record as record_verify, verify_manifest
+from ..checkpoint.format import manifest as mf
+from ..checkpoint.restore.verify import record as record_verify, verify_manifest
 from ..chunks import ChunkStore, RepairEvent
 from ..durations import positive_duration
 from ..errors import ConfigError, IntegrityError, NotFoundError, TrainstoreError

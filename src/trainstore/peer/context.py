@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..chunks import ChunkRef, ChunkStore
 from ..store.base import Store
 from .pieces import Pieces

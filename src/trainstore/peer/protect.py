@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..chunks import content_hash
 from ..errors import IntegrityError, NotFoundError, TrainstoreError
 from .context import PeerContext, bundle_reader

@@ -23,7 +23,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..checkpoint import manifest as mf
+from ..checkpoint.format import manifest as mf
 from ..errors import TrainstoreError
 from .context import PeerContext
 from .erasure import decode_stripe, slice_span

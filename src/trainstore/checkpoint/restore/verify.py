@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..chunks import ChunkRef, ChunkStore
-from ..errors import IntegrityError, NotFoundError, TrainstoreError
-from .manifest import (
+from ...chunks import ChunkRef, ChunkStore
+from ...errors import IntegrityError, NotFoundError, TrainstoreError
+from ..format.manifest import (
     Manifest,
     VerifyRecord,
     load_manifest,
@@ -33,7 +33,7 @@ from .manifest import (
     new_verify_record,
     write_verify_record,
 )
-from .reader import _read_piece
+from .reader import read_piece
 
 log = logging.getLogger("trainstore.checkpoint")
 
@@ -75,7 +75,7 @@ def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, w
 
     def check_delta(piece) -> str | None:  # noqa: ANN001
         try:
-            _read_piece(chunks, piece, np.empty(piece.size, dtype=np.uint8))
+            read_piece(chunks, piece, np.empty(piece.size, dtype=np.uint8))
         except IntegrityError as exc:
             return str(exc)
         return None

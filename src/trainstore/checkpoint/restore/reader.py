@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..chunks import ChunkRef, ChunkStore, content_hash
-from ..errors import (
+from ...chunks import ChunkRef, ChunkStore, content_hash
+from ...errors import (
     CapacityError,
     ChunkCorruptError,
     ChunkMissingError,
@@ -39,13 +39,20 @@ from ..errors import (
     RestoreIncompleteError,
     StoreError,
 )
-from ..hostmem import HUGE_PAGE, empty_array, empty_tensor
+from ...hostmem import HUGE_PAGE, empty_array, empty_tensor
+from ..format.delta import DeltaApply, scratch, xor_into
+from ..format.manifest import Manifest, TensorEntry
+from ..format.packs import PackRead, group_packed, read_pack
+from ..format.ready import ReadyReads
+from ..format.state import (
+    PARTIAL_KEY,
+    flatten,
+    merge_into,
+    parse_numpy_dtype,
+    parse_torch_dtype,
+    unflatten,
+)
 from .chunkread import get_into as _get_into, read_local
-from .delta import DeltaApply, scratch, xor_into
-from .manifest import Manifest, TensorEntry
-from .packs import PackRead, group_packed, read_pack
-from .ready import ReadyReads
-from .state import PARTIAL_KEY, flatten, merge_into, parse_numpy_dtype, parse_torch_dtype, unflatten
 
 try:
     import torch
@@ -68,7 +75,7 @@ HOSTMEM_MIN_BYTES = HUGE_PAGE
 HUGE_PAGES = False
 
 
-def _read_piece(chunks: ChunkStore, entry: Any, out: Any, ready: ReadyReads | None = None) -> None:
+def read_piece(chunks: ChunkStore, entry: Any, out: Any, ready: ReadyReads | None = None) -> None:
     """Read one piece into ``out`` (a ``PackRead``: its members into the list ``out``); a
     chunk that does not exist raises ``ChunkMissingError`` (an integrity failure of the
     checkpoint, unlike e.g. an I/O error). ``ready``: the restore-ready copies of the step."""
@@ -157,7 +164,7 @@ def _check_piece(chunks: ChunkStore, piece: Any, copy_to: np.ndarray | None,
                  ready: ReadyReads | None = None) -> None:
     """Read and verify ``piece`` into a per-thread buffer; then copy it to ``copy_to`` if given."""
     buf = _piece_buffer(piece.size)
-    _read_piece(chunks, piece, buf, ready)
+    read_piece(chunks, piece, buf, ready)
     if copy_to is not None:
         np.copyto(copy_to, buf)
 
@@ -174,7 +181,7 @@ def _run(workers: int, fn: Any, tasks: list[tuple[Any, ...]]) -> None:
 def _fill(chunks: ChunkStore, jobs: list[tuple[TensorEntry, np.ndarray]], workers: int,
           ready: ReadyReads | None = None) -> None:
     tasks = group_packed([(p, d) for entry, dst in jobs for p, d in _pieces(entry, dst)])
-    _run(workers, lambda p, d: _read_piece(chunks, p, d, ready), tasks)
+    _run(workers, lambda p, d: read_piece(chunks, p, d, ready), tasks)
 
 
 def _check_size(entry: TensorEntry, itemsize: int) -> None:
@@ -216,7 +223,7 @@ def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
 
 def load_state(chunks: ChunkStore, manifest: Manifest, workers: int = 4, ready: ReadyReads | None = None) -> Any:
     """Rebuild the saved state with freshly allocated tensors (``ready``: the step's
-    restore-ready copies, ``checkpoint.ready``)."""
+    restore-ready copies, ``checkpoint.format.ready``)."""
     leaves: dict[str, Any] = {}
     jobs = []
     for name, entry in manifest.tensors.items():
@@ -311,7 +318,7 @@ def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int 
     tasks = [(p, d) for entry, dst in fill_jobs for p, d in _pieces(entry, dst)]
     tasks += [(p, None) for entry, dst in twice for p, _ in _pieces(entry, dst)]
     tasks = group_packed(tasks)  # members of one pack: one task (a PackRead, its list of dsts)
-    _run(workers, lambda p, d: _read_piece(chunks, p, d, ready) if d is not None else _check_piece(chunks, p, None, ready),
+    _run(workers, lambda p, d: read_piece(chunks, p, d, ready) if d is not None else _check_piece(chunks, p, None, ready),
          tasks)
     # pass 2: write the target
     for buf, direct in staged:
@@ -333,4 +340,4 @@ def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int 
     return merge_into(target, restored)
 
 
-__all__ = ["load_state", "load_into"]
+__all__ = ["load_into", "load_state", "read_piece"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..chunks import HASH_HEX_LEN, ChunkRef
-from ..errors import ManifestError
+from ...chunks import HASH_HEX_LEN, ChunkRef
+from ...errors import ManifestError
 
 
 @dataclass(frozen=True)

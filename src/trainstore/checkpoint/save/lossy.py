@@ -32,13 +32,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ..bytebudget import ByteBudget
-from ..chunks import ChunkStore, content_hash
-from ..codecs import LOSSY_CODECS, decode, encode
-from ..codecs_lossy import encodable
-from ..errors import ConfigError
-from .delta import PieceResult
-from .manifest import ChunkEntry, Manifest, TensorEntry
+from ...bytebudget import ByteBudget
+from ...chunks import ChunkStore, content_hash
+from ...codecs import LOSSY_CODECS, decode, encode
+from ...codecs_lossy import encodable
+from ...errors import ConfigError
+from ..format.delta import PieceResult
+from ..format.manifest import ChunkEntry, Manifest, TensorEntry
 from .staging import StagedTensor
 from .writer import WriteOptions, WriteStats, default_cpu_threads, lower_thread_priority
 

@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from ..errors import NotFoundError, TrainstoreError
-from ..store.base import Buffer, Store
+from ...errors import NotFoundError, TrainstoreError
+from ...store.base import Buffer, Store
 from .layout import STEP_DIGITS, check_job
 from .manifest import Manifest, TensorEntry
 
-log = logging.getLogger("trainstore.checkpoint.ready")
+log = logging.getLogger("trainstore.checkpoint.format.ready")
 
 READY_PREFIX = "ready/"
 #: puts of copies in flight at once (each an O_DIRECT write, an fsync, a rename)

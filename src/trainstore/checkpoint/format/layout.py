@@ -15,16 +15,16 @@ listed. ``verify.json`` is advisory: it records the outcome of the last ``verify
 
 ``checkpoints/`` holds the job's current lineage only; a rollback (a save after restoring a
 step that is not the newest) or a fresh run reaching an existing step moves the steps it
-leaves behind to ``abandoned/`` (``checkpoint.lineage``), where they stay, still complete
+leaves behind to ``abandoned/`` (``checkpoint.format.lineage``), where they stay, still complete
 (gc keeps their chunks), until retention removes them. ``<run>`` is the run id recorded in
 the manifest (``legacy-<hash>`` for manifests written before run ids).
 """
 
 from __future__ import annotations
 
-from ..errors import AlreadyExistsError, ConfigError
-from ..naming import check_name
-from ..store.base import Store
+from ...errors import AlreadyExistsError, ConfigError
+from ...naming import check_name
+from ...store.base import Store
 
 STEP_DIGITS = 12
 MANIFEST_NAME = "manifest.json"

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from ..bytebudget import ByteBudget
-from ..chunks import ChunkStore
-from ..codecs import MAX_CHUNK_BYTES, check_codec
-from ..errors import ConfigError
-from .delta import PieceEncoder, PieceResult
-from .manifest import ChunkEntry, TensorEntry
-from .packs import pack_group, plan_packs
+from ...bytebudget import ByteBudget
+from ...chunks import ChunkStore
+from ...codecs import MAX_CHUNK_BYTES, check_codec
+from ...errors import ConfigError
+from ..format.delta import PieceEncoder, PieceResult
+from ..format.manifest import ChunkEntry, TensorEntry
+from ..format.packs import pack_group, plan_packs
 from .staging import StagedTensor
 
 

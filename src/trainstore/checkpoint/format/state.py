@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ManifestError, UnsupportedTypeError
+from ...errors import ConfigError, ManifestError, UnsupportedTypeError
 
 try:  # torch is an optional extra; numpy-only states work without it
     import torch
@@ -183,7 +183,7 @@ def flatten(state: Any) -> tuple[Any, list[Leaf]]:
 
 
 class _NotLoaded:
-    """A list/tuple item a partial restore left out (``checkpoint.select``): ``merge_into``
+    """A list/tuple item a partial restore left out (``checkpoint.restore.select``): ``merge_into``
     leaves the target's item as it is."""
 
     def __repr__(self) -> str:

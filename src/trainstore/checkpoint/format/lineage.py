@@ -23,17 +23,17 @@ import secrets
 import time
 from collections.abc import Callable
 
-from ..chunks import content_hash
-from ..errors import (
+from ...chunks import content_hash
+from ...errors import (
     AlreadyExistsError,
     ConflictError,
     ManifestError,
     NotFoundError,
     StoreUnavailableError,
 )
-from ..naming import check_name
-from ..store.base import Buffer, Store
-from ..store.checked import read_checked
+from ...naming import check_name
+from ...store.base import Buffer, Store
+from ...store.checked import read_checked
 from .layout import (
     MANIFEST_NAME,
     abandoned_key,

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ManifestError, NotFoundError
-from ..store.base import Buffer, Store
-from ..store.checked import read_checked
+from ...errors import ManifestError, NotFoundError
+from ...store.base import Buffer, Store
+from ...store.checked import read_checked
 from .layout import verify_key
 
 

@@ -38,11 +38,11 @@ from collections.abc import Callable
 import blake3
 import numpy as np
 
-from ..chunks import ChunkRef, ChunkStore, content_hash
-from ..codecs import decode
-from ..errors import ChunkCorruptError, NotFoundError, StoreError
-from ..fileio import DIRECT_ALIGN, direct_eligible
-from ..hostmem import PAGE
+from ...chunks import ChunkRef, ChunkStore, content_hash
+from ...codecs import decode
+from ...errors import ChunkCorruptError, NotFoundError, StoreError
+from ...fileio import DIRECT_ALIGN, direct_eligible
+from ...hostmem import PAGE
 
 #: Raw chunks are read and hashed in blocks of this size: each block is hashed while it is
 #: still in the CPU cache, instead of a second pass over the whole chunk in memory.

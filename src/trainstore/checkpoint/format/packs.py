@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ..chunks import ChunkRef, ChunkStore, content_hash
-from ..errors import ChunkCorruptError, IntegrityError, ManifestError, StoreError
+from ...chunks import ChunkRef, ChunkStore, content_hash
+from ...errors import ChunkCorruptError, IntegrityError, ManifestError, StoreError
 from .manifest import ChunkEntry
 
 #: Members start at multiples of this many bytes inside a pack.

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import ConfigError
-from .manifest import Manifest
-from .state import NOT_LOADED_NODE, PARTIAL_KEY
+from ...errors import ConfigError
+from ..format.manifest import Manifest
+from ..format.state import NOT_LOADED_NODE, PARTIAL_KEY
 
 _DROP = object()
 

@@ -27,13 +27,13 @@ from ..errors import (
     TrainstoreError,
 )
 from ..store.base import Store
-from . import manifest as mf
 from .backend import SaveBackend, loader_name
-from .lossy import LossyReport
-from .manifest import Manifest
-from .select import PartialReport, Selection, prune
+from .format import manifest as mf
+from .format.manifest import Manifest
+from .restore.select import PartialReport, Selection, prune
+from .restore.verify import record as record_verify
+from .save.lossy import LossyReport
 from .types import RestoreResult
-from .verify import record as record_verify
 
 log = logging.getLogger("trainstore.checkpoint")
 

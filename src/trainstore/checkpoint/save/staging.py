@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from ..devicecopy import CopyFence, to_host
-from ..errors import ConfigError
-from ..hostmem import PAGE, HostBuffer, pins
-from .state import Leaf
+from ...devicecopy import CopyFence, to_host
+from ...errors import ConfigError
+from ...hostmem import PAGE, HostBuffer, pins
+from ..format.state import Leaf
 
 try:
     import torch

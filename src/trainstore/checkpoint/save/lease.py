@@ -43,17 +43,17 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..chunks import ChunkRef, ChunkStore
-from ..errors import IntegrityError, NotFoundError, StoreError, TrainstoreError
-from ..liveness import writer_dead
-from ..store import open_store
-from ..store.base import Store
-from ..store.tiered import TieredStore
-from ..sweeps import CLOCK_SKEW_S, load_json, put_json
-from . import manifest as mf
-from .packs import rebuild_pack
+from ...chunks import ChunkRef, ChunkStore
+from ...errors import IntegrityError, NotFoundError, StoreError, TrainstoreError
+from ...liveness import writer_dead
+from ...store import open_store
+from ...store.base import Store
+from ...store.tiered import TieredStore
+from ...sweeps import CLOCK_SKEW_S, load_json, put_json
+from ..format import manifest as mf
+from ..format.packs import rebuild_pack
 
-log = logging.getLogger("trainstore.checkpoint.lease")
+log = logging.getLogger("trainstore.checkpoint.save.lease")
 
 SWEEPS = "gc/sweeps/"
 LEASES = "gc/leases/"

@@ -35,8 +35,8 @@ from typing import Any
 import blake3
 import numpy as np
 
-from ..chunks import ChunkRef, ChunkStore, content_hash
-from ..codecs import encode
+from ...chunks import ChunkRef, ChunkStore, content_hash
+from ...codecs import encode
 from .manifest import ChunkEntry
 from .packs import build_pack
 

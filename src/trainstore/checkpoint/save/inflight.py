@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
-from ..errors import BackgroundError
+from ...errors import BackgroundError
 from .failures import SWITCH_HINT
 
 

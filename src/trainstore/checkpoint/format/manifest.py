@@ -49,12 +49,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..chunks import ChunkRef, content_hash
-from ..errors import ConfigError, ManifestError, NotFoundError
-from ..store.base import Store
-from ..store.checked import read_checked
+from ...chunks import ChunkRef, content_hash
+from ...errors import ConfigError, ManifestError, NotFoundError
+from ...store.base import Store
+from ...store.checked import read_checked
 from .entries import ChunkEntry, TensorEntry  # re-exported: the manifest's pieces
-from .layout import (  # re-exported: callers reach the layout through this module too
+from .layout import (
     MANIFEST_NAME,
     STEP_DIGITS,
     VERIFY_NAME,
@@ -68,12 +68,7 @@ from .layout import (  # re-exported: callers reach the layout through this modu
     step_prefix,
     verify_key,
 )
-from .verify_records import (  # re-exported: callers reach the records through this module too
-    VerifyRecord,
-    new_verify_record,
-    read_verify_record,
-    write_verify_record,
-)
+from .verify_records import VerifyRecord, new_verify_record, read_verify_record, write_verify_record
 
 FORMAT_NAME = "trainstore.checkpoint"
 #: The newest manifest format this code reads and writes (2: packed pieces).
