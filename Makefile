@@ -32,7 +32,7 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report browser test skips (fails with CI=1)"
 
 test: $(STAMP) chromium lint
-	$(PY) -m pytest -q -m "not slow and not stress" -p no:cacheprovider
+	$(PY) -m pytest -q -m "not slow and not stress" -p no:cacheprovider --durations=40 --durations-min=5
 
 stress: $(STAMP)
 	$(PY) -m pytest -q -m "stress or slow" -p no:cacheprovider
