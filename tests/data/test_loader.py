@@ -15,6 +15,7 @@ from trainstore import open_store
 from trainstore.data import Dataset, Loader
 from trainstore.data.serve import IOBoundWarning, IOWaitMeter, MeterConfig, write_arrow_dataset
 from trainstore.errors import CapacityError, ConfigError
+from trainstore.nodecache.wanted import wanted_files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,11 +199,34 @@ def test_cache_limit_smaller_than_dataset_evicts(store, tmp_path):
             got = np.concatenate(epoch_indices(loader))
             assert sorted(got.tolist()) == list(range(400))
             assert ds.cache.usage() <= limit
+        # closed, so its prepared next epoch drops its wanted marks: left open, the block
+        # loader's marks made every fill of the full-shuffle loader wait want_grace_s first
+        # (30 s an epoch here instead of 1 s; docs/data.md, "Sharing one cache directory")
+        loader.close()
     assert ds.cache.stats.evictions > 0
     with pytest.raises(CapacityError, match="smaller than shard"):
         Dataset(store, "feat@1", cache_dir=tmp_path / "hot2", cache_limit=shard_bytes - 1)
     with pytest.raises(CapacityError):
         Loader(ds, 10, cache_dir=tmp_path / "hot3", cache_limit=shard_bytes // 2)
+
+
+def test_closing_a_loader_drops_the_wanted_marks_of_its_prepared_next_epoch(store, tmp_path):
+    """A block loader marks the shards it reads next as wanted in the cache directory's shared
+    registry (evicted last; other readers' fills wait want_grace_s before taking them), the
+    next epoch's first shards included once an epoch ends. ``with`` (``close``) drops them."""
+    make_dataset(store, n=400, rows_per_shard=20, width=64)
+    ds = Dataset(store, "feat@1", cache_dir=tmp_path / "hot")
+    registry = wanted_files(ds.cache.root)
+
+    def wanted() -> set[str]:
+        files = [(ds.cache.path_of(s.key), s.bytes, 0.0) for s in ds.shards]
+        idle = {p for p, _s, _a in registry.victims(files, ahead=True, rank=None)}
+        return {p for p, _s, _a in files} - idle
+
+    with Loader(ds, 10, seed=2, shuffle_mode="block", block_shards=1) as loader:
+        assert sorted(np.concatenate(epoch_indices(loader)).tolist()) == list(range(400))
+        assert wanted(), "the prepared next epoch marks its shards"
+    assert wanted() == set()
 
 
 def test_corrupt_shard_in_hot_tier_is_refetched(store, tmp_path):

@@ -256,8 +256,16 @@ class Loader:
             self._ahead = None
 
     def close(self) -> None:
+        """Stop the epoch runs (the next epoch's prepared one too: its wanted marks on shared
+        cache files go with it) and let go of the dataset's open shards."""
         self._stop()
         self.dataset.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
