@@ -65,7 +65,10 @@ def _run_child(store: str, wal: str, durability: str, start: int, seed: int, kil
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("durability,reps", [("wal", 20), ("shard", 4), ("wal-direct", 8)])
+@pytest.mark.parametrize("durability,reps", [
+    ("wal", 10), ("shard", 4), ("wal-direct", 8),
+    pytest.param("wal", 60, marks=pytest.mark.stress), pytest.param("shard", 20, marks=pytest.mark.stress),
+])
 def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(tmp_path, durability, reps):
     store, wal = str(tmp_path / "store"), str(tmp_path / "wal")
     rng = random.Random(1234)
