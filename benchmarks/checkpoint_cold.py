@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pagecache  # noqa: E402
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
+from trainstore.checkpoint.save.writer import WriteOptions  # noqa: E402
 
 SAVE_METHODS = ("plain_write", "torch_save", "safetensors", "dcp_async", "trainstore", "trainstore_reserve")
 RESTORE_METHODS = ("torch_load", "torch_load_mmap", "safetensors_load", "dcp_load", "trainstore_restore",
@@ -91,9 +92,9 @@ def first_touch_gbps(mib: int = TOUCH_MIB) -> float:
 
 # -- the timed methods (each runs once, in a fresh child) -----------------------------------
 
-def save_once(method: str, state, out: str) -> tuple[float, float, float]:
+def save_once(method: str, state, out: str, options: WriteOptions | None = None) -> tuple[float, float, float]:
     """(blocking s, durable s, s spent before the clock started: ``reserve()``) of one save of
-    ``state`` under ``out``."""
+    ``state`` under ``out``; ``options``: the trainstore methods' ``WriteOptions`` (default: its own)."""
     if method == "plain_write":  # the floor of time to durable: the same bytes, one sequential write + fsync
         views = [t.reshape(-1).view(torch.uint8).numpy() for t in flat_tensors(state).values()]
         t = time.perf_counter()
@@ -131,7 +132,8 @@ def save_once(method: str, state, out: str) -> tuple[float, float, float]:
                 fsync_path(os.path.join(d, f))
         return blocking, time.perf_counter() - t, 0.0
     if method in ("trainstore", "trainstore_reserve"):
-        mgr = CheckpointManager(out, job="cold", policy=CheckpointPolicy(full_every=1, incremental_every=None))
+        mgr = CheckpointManager(out, job="cold", policy=CheckpointPolicy(full_every=1, incremental_every=None),
+                                options=options)
         t = time.perf_counter()
         if method == "trainstore_reserve":  # staging allocated and touched off the clock (model build time)
             mgr.reserve(state)

@@ -4,8 +4,8 @@ process): where the durable time goes (codec CPU, CPU threads, packing of small 
 
     .venv/bin/python benchmarks/first_save_options.py 5      # rounds (interleaved, rotated)
 
-Each figure is a new process that loads the state, then saves once (``checkpoint_cold.save_once``
-for the floor); medians of the rounds, ratios to the floor's median.
+Each figure is a new process that loads the state, then saves once with ``checkpoint_cold.save_once``
+(the fresh-process harness's own saves); medians of the rounds, ratios to the floor's median.
 """
 
 import json
@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "src")]
@@ -28,22 +27,14 @@ VARIANTS = ["floor", "default", "raw", "cpu2", "raw_cpu2", "nopack"]
 def child(variant, src, out):
     from checkpoint_cold import save_once
 
-    from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
     from trainstore.checkpoint.save.writer import WriteOptions
     state = torch.load(src, weights_only=True)
     if variant == "floor":
         b, d, _ = save_once("plain_write", state, out)
-        return {"blocking": b, "durable": d}
-    opts = {"default": {}, "raw": {"codec": "raw"}, "cpu2": {"cpu_threads": 2},
-            "raw_cpu2": {"codec": "raw", "cpu_threads": 2}, "nopack": {"pack_below": 0}}[variant]
-    mgr = CheckpointManager(out, job="cold", policy=CheckpointPolicy(full_every=1, incremental_every=None),
-                            options=WriteOptions(**opts))
-    t = time.perf_counter()
-    h = mgr.save(1, state)
-    b = time.perf_counter() - t
-    h.wait()
-    d = time.perf_counter() - t
-    mgr.close()
+    else:
+        opts = {"default": {}, "raw": {"codec": "raw"}, "cpu2": {"cpu_threads": 2},
+                "raw_cpu2": {"codec": "raw", "cpu_threads": 2}, "nopack": {"pack_below": 0}}[variant]
+        b, d, _ = save_once("trainstore", state, out, WriteOptions(**opts))
     return {"blocking": b, "durable": d}
 
 
