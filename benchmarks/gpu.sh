@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GPU path of trainstore (issue 30 item 4) on a GPU machine, in under 5 minutes:
-# the GPU tests, then benchmarks/gpu_bench.py (CUDA staging vs DCP async_save vs torch.save,
-# restore to the GPU, a small GPT training while saves run, the loader to the GPU).
+# the GPU tests; benchmarks/disk_pattern.py (trainstore's write pattern without its CPU work
+# vs one sequential write + fsync: is time to durable the disk's?); benchmarks/gpu_bench.py
+# (CUDA staging vs DCP async_save vs torch.save, restore to the GPU, a small GPT training
+# while saves run, the loader to the GPU). For time to durable, add the variants:
+#   --methods trainstore,trainstore_raw,trainstore_buffered,dcp_pinned,torch_save
 #
 #   benchmarks/gpu.sh [OUT_DIR]        # default: $OUT, else bench-out/gpu
 #
@@ -47,6 +50,8 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_dev
 echo "== GPU tests"
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly tests/checkpoint/test_staging_cuda.py \
     tests/data/test_loader_device.py 2>&1 | tee "$OUT_DIR/tests.txt"
+echo "== disk: trainstore's write pattern without CPU work vs one sequential write + fsync"
+timeout 75 "$PY" benchmarks/disk_pattern.py --gib 2 --rounds 2 --json "$OUT_DIR/disk.json" 2>&1 | tee "$OUT_DIR/disk.txt"
 echo "== benchmark"
 timeout 290 "$PY" benchmarks/gpu_bench.py --out "$OUT_DIR/gpu_bench.json" --budget "${GPU_BENCH_BUDGET:-200}" "${@:2}" \
     2>&1 | tee "$OUT_DIR/bench.txt"

@@ -12,18 +12,20 @@ job is killed after ``timeout_s``: a hang fails the test instead of blocking it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from . import child_env
+from .zygote import Zygote, zygote
 
 
 @dataclass
@@ -49,33 +51,36 @@ def free_port() -> int:
 
 def run_ranks(target: str, world: int, args: dict | None = None, *, timeout_s: float = 120.0,
               pg_timeout_s: float = 30.0, pythonpath: list[str] | None = None,
-              env: dict[str, str] | None = None) -> list[RankResult]:
-    """Start ``world`` ranks running ``target`` ("module:function"); wait for all; return results."""
+              env: dict[str, str] | None = None, fork: bool | None = None) -> list[RankResult]:
+    """Start ``world`` ranks running ``target`` ("module:function"); wait for all; return results.
+
+    ``fork``: fork the ranks from the pre-imported zygote (``harness.zygote``) instead of
+    starting interpreters; None: under pytest (where every second of import counts), unless
+    ``TRAINSTORE_TEST_FORK=0``. Benchmarks keep fresh interpreters."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="trainstore-dist-")
-    base_env = child_env({**os.environ, **(env or {})})  # the ranks import harness.dist
+    base_env = child_env({**os.environ, **(env or {})})  # the ranks import harness.rank
     paths = list(pythonpath or []) + [p for p in base_env["PYTHONPATH"].split(os.pathsep) if p]
     base_env["PYTHONPATH"] = os.pathsep.join(paths)
     base_env.setdefault("OMP_NUM_THREADS", "1")
-    procs = []
+    forker = zygote() if _fork_ranks(fork) else None
+    procs: list[tuple[Any, Any, float]] = []
     for rank in range(world):
         e = dict(base_env, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                  TRAINSTORE_DIST_TARGET=target, TRAINSTORE_DIST_ARGS=json.dumps(args or {}),
                  TRAINSTORE_DIST_OUT=os.path.join(tmp, f"rank{rank}.json"),
                  TRAINSTORE_DIST_PG_TIMEOUT=str(pg_timeout_s))
         errf = open(os.path.join(tmp, f"rank{rank}.err"), "w+b")  # noqa: SIM115 - closed below
-        p = subprocess.Popen([sys.executable, "-c", "from harness.dist import _rank_main; _rank_main()"],
-                             env=e, stdout=subprocess.DEVNULL, stderr=errf)
+        if forker is not None:
+            p: Any = forker.spawn(e, errf.name)
+        else:
+            p = subprocess.Popen([sys.executable, "-c", "from harness.rank import main; main()"],
+                                 env=e, stdout=subprocess.DEVNULL, stderr=errf)
         procs.append((p, errf, time.monotonic()))
     deadline = time.monotonic() + timeout_s
     results = []
     for rank, (p, errf, t0) in enumerate(procs):
-        try:
-            rc: int | None = p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            rc = None
+        rc = _wait(forker, p, max(0.1, deadline - time.monotonic()))
         errf.seek(0)
         stderr = errf.read().decode(errors="replace")[-4000:]
         errf.close()
@@ -89,36 +94,27 @@ def run_ranks(target: str, world: int, args: dict | None = None, *, timeout_s: f
     return results
 
 
-def _rank_main() -> None:
-    import importlib
-    from datetime import timedelta
+def _fork_ranks(fork: bool | None) -> bool:
+    if fork is not None:
+        return fork
+    return "pytest" in sys.modules and os.environ.get("TRAINSTORE_TEST_FORK", "1") != "0"
 
-    import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    out = os.environ["TRAINSTORE_DIST_OUT"]
-    mod_name, fn_name = os.environ["TRAINSTORE_DIST_TARGET"].split(":")
-    args = json.loads(os.environ["TRAINSTORE_DIST_ARGS"])
-    payload: dict[str, Any]
+def _wait(forker: Zygote | None, p: Any, timeout: float) -> int | None:
+    """A rank's return code; it is SIGKILLed (None) when still running after ``timeout``."""
+    if forker is not None:
+        rc = forker.wait(p, timeout)
+        if rc is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+            forker.wait(p, 10)
+        return rc
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                                world_size=world,
-                                timeout=timedelta(seconds=float(os.environ["TRAINSTORE_DIST_PG_TIMEOUT"])))
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-        payload = {"value": fn(rank, world, args)}
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        traceback.print_exc()
-        payload = {"error": f"{type(exc).__name__}: {exc}", "error_type": type(exc).__name__}
-    with open(out + ".tmp", "w") as f:
-        json.dump(payload, f)
-    os.replace(out + ".tmp", out)
-    try:
-        if dist.is_initialized() and "error" not in payload:
-            dist.destroy_process_group()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0 if "error" not in payload else 1)
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return None
 
 
 __all__ = ["RankResult", "run_ranks", "free_port"]

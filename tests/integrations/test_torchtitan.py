@@ -102,7 +102,7 @@ def job(tmp: Path, *, mode: str, store: Path, out: Path, **extra: object) -> dic
 
 
 def rank_env(rank: int, world: int, port: int, args: dict, out_dir: Path) -> dict:
-    env = child_env()  # tests/ on PYTHONPATH: the ranks run harness.dist._rank_main
+    env = child_env()  # tests/ on PYTHONPATH: the ranks run harness.rank.main
     return {**env, "PYTHONPATH": os.pathsep.join([HERE, env["PYTHONPATH"]]),
             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RANK": str(rank), "WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINSTORE_DIST_TARGET": f"{WORKER}:run",
@@ -149,7 +149,7 @@ def test_sigkill_mid_run_then_load_resumes_bit_identical(tmp_path, reference):
     out_dir.mkdir()
     args = job(tmp_path, mode="train", store=store, out=tmp_path / "killed.pt", slow_after=7)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", "from harness.dist import _rank_main; _rank_main()"],
+    procs = [subprocess.Popen([sys.executable, "-c", "from harness.rank import main; main()"],
                               env=rank_env(r, 2, port, args, out_dir), stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True) for r in range(2)]
     killed_after = None
