@@ -1,0 +1,40 @@
+"""Rank functions for tests/test_harness.py (imported by the ranks from ``tests/``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+def describe(rank: int, world: int, args: dict) -> dict:
+    """What a rank sees: its environment, cwd, path, an all_reduce, fresh randomness."""
+    t = torch.tensor([rank + 1])
+    dist.all_reduce(t)
+    return {"rank": rank, "world": world, "sum": int(t.item()), "env": os.environ.get("HARNESS_PROBE"),
+            "omp": os.environ.get("OMP_NUM_THREADS"), "cwd": os.getcwd(), "pid": os.getpid(),
+            "path0": next(p for p in sys.path if p), "np": int(np.random.randint(0, 2**31)), "stdout_ok": print("to /dev/null") is None}
+
+
+def kill_one(rank: int, world: int, args: dict) -> dict:
+    if rank == args["victim"]:
+        print("rank about to be killed", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"rank": rank}
+
+
+def hang(rank: int, world: int, args: dict) -> dict:
+    if rank == 1:
+        time.sleep(120)
+    return {"rank": rank}
+
+
+def fail(rank: int, world: int, args: dict) -> dict:
+    if rank == 0:
+        raise ValueError("rank 0 says no")
+    return {"rank": rank}
