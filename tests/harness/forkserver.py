@@ -19,7 +19,7 @@ import threading
 import traceback
 from typing import Any
 
-import numpy as np
+import numpy  # noqa: F401 - preloaded
 import torch  # noqa: F401 - preloaded: the point of the zygote
 import torch.distributed  # noqa: F401
 
@@ -50,7 +50,6 @@ def _become(req: dict[str, Any]) -> None:
             if p not in sys.path:
                 sys.path.insert(0, p)
         importlib.invalidate_caches()
-        np.random.seed()  # numpy's legacy global generator was seeded once, in the server (``random`` reseeds at fork)
         rank_main()  # ends with os._exit
     except BaseException:  # noqa: BLE001 - reported on the rank's stderr
         traceback.print_exc()
