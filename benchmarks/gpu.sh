@@ -51,7 +51,7 @@ echo "== GPU tests"
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly tests/checkpoint/test_staging_cuda.py \
     tests/data/test_loader_device.py 2>&1 | tee "$OUT_DIR/tests.txt"
 echo "== disk: trainstore's write pattern without CPU work vs one sequential write + fsync"
-timeout 75 "$PY" benchmarks/disk_pattern.py --gib 2 --rounds 2 --json "$OUT_DIR/disk.json" 2>&1 | tee "$OUT_DIR/disk.txt"
+timeout 60 "$PY" benchmarks/disk_pattern.py --gib 1 --rounds 2 --json "$OUT_DIR/disk.json" 2>&1 | tee "$OUT_DIR/disk.txt"
 echo "== benchmark"
 timeout 290 "$PY" benchmarks/gpu_bench.py --out "$OUT_DIR/gpu_bench.json" --budget "${GPU_BENCH_BUDGET:-200}" "${@:2}" \
     2>&1 | tee "$OUT_DIR/bench.txt"
