@@ -4,7 +4,7 @@
 # vs one sequential write + fsync: is time to durable the disk's?); benchmarks/gpu_bench.py
 # (CUDA staging vs DCP async_save vs torch.save, restore to the GPU, a small GPT training
 # while saves run, the loader to the GPU). For time to durable, add the variants:
-#   --methods trainstore,trainstore_raw,trainstore_buffered,dcp_pinned,torch_save
+#   --methods trainstore,trainstore_raw,trainstore_bytegroup,trainstore_buffered,dcp_pinned,torch_save
 #
 #   benchmarks/gpu.sh [OUT_DIR]        # default: $OUT, else bench-out/gpu
 #
