@@ -3,8 +3,8 @@
 # the GPU tests; benchmarks/disk_pattern.py (trainstore's write pattern without its CPU work
 # vs one sequential write + fsync: is time to durable the disk's?); benchmarks/gpu_bench.py
 # (CUDA staging vs DCP async_save vs torch.save, restore to the GPU, a small GPT training
-# while saves run, the loader to the GPU). For time to durable, add the variants:
-#   --methods trainstore,trainstore_raw,trainstore_bytegroup,trainstore_buffered,dcp_pinned,torch_save
+# while saves run, the loader to the GPU). Its default methods are the time-to-durable
+# diagnosis: trainstore, trainstore_raw, trainstore_bytegroup, dcp_pinned, torch_save.
 #
 #   benchmarks/gpu.sh [OUT_DIR]        # default: $OUT, else bench-out/gpu
 #
