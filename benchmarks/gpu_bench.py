@@ -474,7 +474,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=240.0, help="seconds; later phases are skipped past it")
     ap.add_argument("--methods", default="trainstore,trainstore_raw,trainstore_bytegroup,dcp_pinned,torch_save",
                     help="also: trainstore_wide, trainstore_buffered, dcp_default, dcp_pinned_async")
-    ap.add_argument("--gpt-methods", default="trainstore,dcp_pinned_async,torch_save")
+    ap.add_argument("--gpt-methods", default="trainstore,dcp_pinned,torch_save")
     ap.add_argument("--out", default="gpu_bench.json")
     ap.add_argument("--root", default=None, help="where checkpoints are written (default: a temp dir)")
     args = ap.parse_args()
