@@ -1,4 +1,5 @@
-"""Run a function on N real torch.distributed ranks (gloo on 127.0.0.1, one subprocess each).
+"""Run a function on N real torch.distributed ranks (gloo on 127.0.0.1, one process each: forked
+from the pre-imported zygote under pytest, ``harness.zygote``; a fresh interpreter otherwise).
 
     results = run_ranks("my_workers:save_and_load", world=4, args={"root": path}, pythonpath=[here])
     assert all(r.ok for r in results)
