@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from trainstore.fileio import fsync_dir, write_direct
+from trainstore.fileio import fsync_dir, write_all, write_direct
 from trainstore.store.local import LocalStore
 
 MiB = 1 << 20
@@ -52,9 +52,7 @@ def floor(d: str, piece: memoryview, n: int) -> None:
     fd = os.open(os.path.join(d, "floor.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for _ in range(n):
-            view = piece
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, piece)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -71,12 +69,7 @@ def plain_files(d: str, piece: memoryview, n: int, threads: int, direct: bool) -
         fd = os.open(os.path.join(d, f"{i:06d}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC
                      | (os.O_DIRECT if direct else 0), 0o644)
         try:
-            if direct:
-                write_direct(fd, piece)
-            else:
-                view = piece
-                while view:
-                    view = view[os.write(fd, view):]
+            (write_direct if direct else write_all)(fd, piece)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -201,7 +201,7 @@ def test_cache_limit_smaller_than_dataset_evicts(store, tmp_path):
             assert ds.cache.usage() <= limit
         # closed, so its prepared next epoch drops its wanted marks: left open, the block
         # loader's marks made every fill of the full-shuffle loader wait want_grace_s first
-        # (30 s an epoch here instead of 1 s; docs/data.md, "Sharing one cache directory")
+        # (30 s an epoch here instead of 1 s; docs/loader.md, "Sharing one cache directory")
         loader.close()
     assert ds.cache.stats.evictions > 0
     with pytest.raises(CapacityError, match="smaller than shard"):

@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import select
-import signal
 import sys
 import threading
 import traceback
@@ -42,7 +41,6 @@ def _become(req: dict[str, Any]) -> None:
         os.dup2(err, 2)
         os.close(null)
         os.close(err)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(req["env"])
         os.chdir(req["cwd"])
