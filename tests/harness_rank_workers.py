@@ -42,6 +42,9 @@ def hang(rank: int, world: int, args: dict) -> dict:
 
 
 def fail(rank: int, world: int, args: dict) -> dict:
+    # both ranks pass a barrier first: rank 0 hosts the rendezvous store, and raising before
+    # rank 1 has finished joining would reset rank 1's connection mid-init (seen in CI)
+    dist.barrier()
     if rank == 0:
         raise ValueError("rank 0 says no")
     return {"rank": rank}
