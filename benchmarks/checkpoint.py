@@ -282,7 +282,7 @@ def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: 
     infos = mgr.list()
     print(f"\n[(b) GPT {params / 1e6:.1f}M params + AdamW, {steps} steps, checkpoint every {every}, "
           f"background nice={nice}, delta codec {mgr.options.delta_codec}, full codec {mgr.options.codec} "
-          f"(raw above {mgr.options.raw_above})]")
+          f"(raw above {mgr.options.raw_above or 'auto'})]")
     print(f"  torch.save size {tsize / 1e6:.1f} MB; {n_ckpt}x = {n_ckpt * tsize / 1e6:.1f} MB")
     print(f"  trainstore stored {stored / 1e6:.1f} MB for {len(infos)} checkpoints = "
           f"{stored / (n_ckpt * tsize):.3f}x of {n_ckpt}x torch.save")

@@ -21,7 +21,7 @@ sys.path[:0] = [HERE, os.path.join(HERE, "..", "src")]
 
 import torch  # noqa: E402
 
-VARIANTS = ["floor", "default", "raw", "cpu2", "raw_cpu2", "nopack"]
+VARIANTS = ["floor", "default", "lz4", "raw", "cpu2", "raw_cpu2", "nopack"]
 
 
 def child(variant, src, out):
@@ -32,7 +32,7 @@ def child(variant, src, out):
     if variant == "floor":
         b, d, _ = save_once("plain_write", state, out)
     else:
-        opts = {"default": {}, "raw": {"codec": "raw"}, "cpu2": {"cpu_threads": 2},
+        opts = {"default": {}, "lz4": {"raw_above": 0.9}, "raw": {"codec": "raw"}, "cpu2": {"cpu_threads": 2},
                 "raw_cpu2": {"codec": "raw", "cpu_threads": 2}, "nopack": {"pack_below": 0}}[variant]
         b, d, _ = save_once("trainstore", state, out, WriteOptions(**opts))
     return {"blocking": b, "durable": d}

@@ -146,7 +146,9 @@ class Trainstore:
     1 GiB in flight instead of the defaults (8 workers, half the cores, 256 MiB): CPU- or
     I/O-bound?; ``raw``: no compression (only hashing); ``bytegroup``: full pieces with the
     delta codec (bf16 randn: 0.66 of raw, where the default shuffle-lz4 keeps 0.885 - just
-    under ``raw_above``); ``buffered``: page-cache writes instead of ``O_DIRECT``
+    under 0.9); ``lz4``: shuffle-lz4 wherever it saves 10% (``raw_above=0.9``, the default
+    before it became CPU-aware: on a machine with 8+ cores the default is this);
+    ``buffered``: page-cache writes instead of ``O_DIRECT``
     (``LocalStore(direct_io=False)``)."""
 
     def __init__(self, root: str, state: Any, variant: str = "") -> None:
@@ -154,7 +156,7 @@ class Trainstore:
         self.state = state
         self.root = os.path.join(root, self.name)
         opts = {"wide": WriteOptions(workers=32, cpu_threads=os.cpu_count(), max_inflight_bytes=GiB),
-                "raw": WriteOptions(codec="raw"), "bytegroup": WriteOptions(codec="bytegroup-zstd")}.get(variant)
+                "raw": WriteOptions(codec="raw"), "lz4": WriteOptions(raw_above=0.9), "bytegroup": WriteOptions(codec="bytegroup-zstd")}.get(variant)
         store: Any = LocalStore(self.root, direct_io=False) if variant == "buffered" else self.root
         self.mgr = CheckpointManager(store, job="gpu", options=opts,
                                      policy=CheckpointPolicy(full_every=1, incremental_every=None))
@@ -293,6 +295,7 @@ class TorchSave:
 def make_savers(root: str, state: Any, names: list[str]) -> list[Any]:
     made = {"trainstore": lambda: Trainstore(root, state), "trainstore_wide": lambda: Trainstore(root, state, "wide"),
             "trainstore_raw": lambda: Trainstore(root, state, "raw"),
+            "trainstore_lz4": lambda: Trainstore(root, state, "lz4"),
             "trainstore_bytegroup": lambda: Trainstore(root, state, "bytegroup"),
             "trainstore_buffered": lambda: Trainstore(root, state, "buffered"),
             "dcp_default": lambda: Dcp(root, state, "default"),

@@ -1,10 +1,9 @@
 """How one piece (chunk) of a tensor is stored: plain, same-as-base, or an XOR delta.
 
 Full checkpoints store every piece plainly with the fast full codec (shuffle-lz4 by default),
-or raw when a sample shows it would save under ``raw_above`` (fresh float32 weights): a full
-save is about time until durable, and the codec's CPU would cost more than the disk time it
-saves. Identical
-pieces dedup by content hash, also across checkpoints.
+or raw when a sample shows it would compress to more than ``raw_above`` of its size: a full
+save is about time until durable, and the codec's CPU must not cost more than the disk time it
+saves (``auto_raw_above``). Identical pieces dedup by content hash, also across checkpoints.
 
 Incremental checkpoints compare each piece with the same piece of their base FULL
 checkpoint (same tensor name, dtype, size, position):
@@ -110,12 +109,40 @@ class DeltaApply:
         return self._hasher.hexdigest()
 
 
+#: CPU threads from which marginal compression (a few 10% saved on float data) is free on a
+#: local disk: shuffle-lz4 encodes float weights and moments at 0.6-1.1 GB/s per thread
+#: (docs/benchmarks.md, "Codecs on training state"), a local disk takes 1-7 GB/s
+AUTO_COMPRESS_THREADS = 4
+#: ``auto_raw_above`` where the writer is short of CPU for its store: only data that compresses
+#: to half or less (zeros, masks, integer ids, sparse tensors) is worth the codec there
+SCARCE_CPU_RAW_ABOVE = 0.5
+#: ``auto_raw_above`` otherwise: compress where a sample saves 10% or more
+AMPLE_CPU_RAW_ABOVE = 0.9
+
+
+def auto_raw_above(cpu_threads: int, local: bool) -> float:
+    """The ``raw_above`` of full saves when none is configured.
+
+    Compressing a piece pays while the codec keeps up with the store: a pipeline of ``n``
+    threads compressing at ``c`` each takes ``max(B/(n c), r B/w)`` against ``B/w`` raw. With
+    float data (``r`` 0.84-0.94 with shuffle-lz4, ``c`` 0.6-1.1 GB/s) and a local disk (``w``
+    1-7 GB/s), ``n c < w`` below ~4 threads: there a 1 GiB bf16 state took 3.15 s to durable
+    compressed (12% smaller) against 0.82 s raw on 2 cores (docs/benchmarks.md, "GPU (H200)"),
+    so only data that halves is compressed. Network stores (w well under 1 GB/s) and writers
+    with more threads keep the 10% threshold. Deterministic for a given machine and store, so
+    the codec of unchanged bytes (part of their chunk key) does not flip between saves.
+    """
+    if local and cpu_threads < AUTO_COMPRESS_THREADS:
+        return SCARCE_CPU_RAW_ABOVE
+    return AMPLE_CPU_RAW_ABOVE
+
+
 class PieceEncoder:
     """Stores pieces in a ``ChunkStore`` with the codec choices described above."""
 
     def __init__(self, chunks: ChunkStore, *, codec: str, delta_codec: str, level: int,
-                 threads: int, incompressible_ratio: float, raw_above: float = 0.9,
-                 cpu: AbstractContextManager[Any] | None = None) -> None:
+                 threads: int, incompressible_ratio: float, raw_above: float | None = None,
+                 cpu: AbstractContextManager[Any] | None = None, cpu_threads: int = 1) -> None:
         self.chunks = chunks
         #: held around hashing, XOR, sampling and encoding (not I/O): bounds the cores in use
         self.cpu = cpu or contextlib.nullcontext()
@@ -124,11 +151,12 @@ class PieceEncoder:
         self.level = level
         self.threads = threads
         self.incompressible_ratio = incompressible_ratio
-        self.raw_above = raw_above
         try:
             self._local = chunks.store.local_path(f"{chunks.prefix}/probe") is not None
         except Exception:  # noqa: BLE001 - any doubt: copy
             self._local = False
+        #: full pieces sampling above this ratio are stored raw (None: ``auto_raw_above``)
+        self.raw_above = auto_raw_above(cpu_threads, self._local) if raw_above is None else raw_above
 
     def _ratio(self, data: memoryview, codec: str, itemsize: int) -> float:
         """Compressed/raw size of a sample (256 KiB from the middle) of ``data``."""
@@ -231,4 +259,4 @@ class PieceEncoder:
         return self.plain(data, itemsize, h, codec=self.delta_codec, raw_above=self.incompressible_ratio)
 
 
-__all__ = ["DeltaApply", "PieceEncoder", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]
+__all__ = ["DeltaApply", "PieceEncoder", "auto_raw_above", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]

@@ -33,9 +33,11 @@ class WriteOptions:
     """How checkpoint bytes are cut, compressed and written.
 
     ``codec`` is used for the pieces of full checkpoints; a piece whose sampled compressed
-    size exceeds ``raw_above`` of raw is stored raw instead (fresh float32 weights barely
-    compress - shuffle-lz4 saves ~6% on randn - and a codec that saves under 10% costs more
-    CPU on save and restore than it saves in disk time). ``delta_codec`` is used for every
+    size exceeds ``raw_above`` of raw is stored raw instead. ``None`` (default) picks it by
+    whether the codec keeps up with the store (``format.delta.auto_raw_above``): 0.9 (compress
+    what saves 10%) for network stores and writers with 4+ CPU threads, 0.5 (only what halves:
+    zeros, masks, ids) for a local disk with fewer, where compressing float data that saves
+    6-16% makes the save slower to become durable and to restore. ``delta_codec`` is used for every
     piece of an incremental checkpoint (XOR deltas and plain fallbacks): that is where the
     bytes are won, so it compresses harder (bytegroup-zstd: 1-4% smaller than shuffle-zstd
     on weights, bf16 and AdamW moments, benchmarks/codecs.py); such pieces are stored raw
@@ -65,7 +67,7 @@ class WriteOptions:
     cpu_threads: int | None = None  # None: default_cpu_threads()
     max_inflight_bytes: int = 256 << 20
     incompressible_ratio: float = 0.97
-    raw_above: float = 0.9
+    raw_above: float | None = None
     nice: int = 0
     pack_below: int = 1 << 20
     pack_bytes: int = 4 << 20
@@ -83,8 +85,8 @@ class WriteOptions:
             raise ConfigError("max_inflight_bytes must hold at least one chunk")
         if not 0.0 < self.incompressible_ratio <= 1.0:
             raise ConfigError("incompressible_ratio must be in (0, 1]")
-        if not 0.0 < self.raw_above <= 1.0:
-            raise ConfigError("raw_above must be in (0, 1]")
+        if self.raw_above is not None and not 0.0 < self.raw_above <= 1.0:
+            raise ConfigError(f"raw_above must be in (0, 1] or None (auto), got {self.raw_above}")
         if self.pack_below < 0 or self.pack_below > self.pack_bytes:
             raise ConfigError(f"pack_below must be in [0, pack_bytes={self.pack_bytes}], got {self.pack_below}")
         if not 4096 <= self.pack_bytes <= MAX_CHUNK_BYTES:
@@ -130,10 +132,11 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
                   base: BaseLookup | None = None,
                   cancel: threading.Event | None = None) -> tuple[dict[str, TensorEntry], WriteStats]:
     """Store every staged tensor; returns manifest entries and byte counts."""
+    cpu_threads = opts.cpu_threads or default_cpu_threads()
     enc = PieceEncoder(chunks, codec=opts.codec, delta_codec=opts.delta_codec, level=opts.level,
                        threads=opts.codec_threads, incompressible_ratio=opts.incompressible_ratio,
-                       raw_above=opts.raw_above,
-                       cpu=threading.BoundedSemaphore(opts.cpu_threads or default_cpu_threads()))
+                       raw_above=opts.raw_above, cpu=threading.BoundedSemaphore(cpu_threads),
+                       cpu_threads=cpu_threads)
     budget = ByteBudget(opts.max_inflight_bytes)
     results: dict[str, list[Future[PieceResult] | None]] = {}
     pending: set[Future] = set()
