@@ -9,7 +9,8 @@ CPU seconds), then restores one step and prints one JSON line. ``pretouch``
 variants fault in every destination page before the clock starts: the difference is the
 first-touch cost; ``dropped`` variants drop the chunk files from the page cache first (a
 restore after the cache lost them: raw pieces then come with ``O_DIRECT``); ``VARIANT@N`` restores with N read threads (default 4). ``torch_load`` is
-the same-sized torch file, for comparison.
+the same-sized torch file, for comparison (``torch_load_dropped``: that file dropped first). An
+unknown variant is refused before anything runs.
 
     .venv/bin/python benchmarks/restore_profile.py --gib 1 --repeats 2
     .venv/bin/python benchmarks/restore_profile.py --gpt --variants torch_load,full,incr --repeats 3
@@ -41,7 +42,8 @@ from trainstore import codecs_bytegroup, hostmem
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
 from trainstore.checkpoint.restore import chunkread, reader
 
-VARIANTS = ("torch_load", "full", "full_pretouch", "incr", "incr_pretouch", "full_dropped", "incr_dropped")
+VARIANTS = ("torch_load", "torch_load_dropped", "full", "full_pretouch", "incr", "incr_pretouch", "full_dropped",
+            "incr_dropped")
 
 _times: dict[str, float] = collections.defaultdict(float)
 _lock = threading.Lock()
@@ -85,18 +87,24 @@ def drop_from_page_cache(root: str) -> None:
     """``POSIX_FADV_DONTNEED`` on every file under ``root`` (no root rights needed)."""
     for d, _, files in os.walk(root):
         for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            drop_file(os.path.join(d, f))
+
+
+def drop_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def child(variant: str, work: str) -> dict:
-    if variant.partition("@")[0].endswith("dropped"):
+    if variant == "torch_load_dropped":
+        drop_file(os.path.join(work, "state.pt"))
+    elif variant.partition("@")[0].endswith("dropped"):
         drop_from_page_cache(os.path.join(work, "ts", "chunks"))
     t, cpu = time.perf_counter(), time.process_time()
-    if variant == "torch_load":
+    if variant.startswith("torch_load"):
         state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
         return {"total": time.perf_counter() - t, "cpu": time.process_time() - cpu}
     variant, _, workers = variant.partition("@")  # "full@2": two read threads (default 4)
@@ -143,6 +151,10 @@ def main() -> None:
     if args.one:
         print(json.dumps(child(args.one, args.work)))
         return
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v.partition("@")[0] not in VARIANTS or (v.startswith("torch_load") and "@" in v)]
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)} (trainstore ones take @N)")
     work = args.keep or tempfile.mkdtemp(prefix="ts-restore-prof-")
     try:
         if not os.path.exists(os.path.join(work, "state.pt")):
@@ -150,7 +162,7 @@ def main() -> None:
             prepare(work, args.gib, args.gpt)
         runs: dict[str, list[dict]] = collections.defaultdict(list)
         for _ in range(args.repeats):
-            for v in args.variants.split(","):
+            for v in variants:
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", v, "--work", work],
                                      capture_output=True, text=True, check=True).stdout
                 runs[v].append(json.loads(out.strip().splitlines()[-1]))

@@ -29,6 +29,7 @@ def _stdout() -> str:
 
 
 def kill_one(rank: int, world: int, args: dict) -> dict:
+    dist.barrier()  # both ranks joined (see ``fail``): the survivor's own start cannot race the kill
     if rank == args["victim"]:
         print("rank about to be killed", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
