@@ -5,6 +5,8 @@ is compressed everywhere; an explicit ``raw_above`` wins."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
 from trainstore.checkpoint.format.delta import auto_raw_above
 from trainstore.checkpoint.save.writer import WriteOptions
 from trainstore.errors import ConfigError
+from trainstore.store.tiered import TieredStore
 
 pytestmark = pytest.mark.timeout(120)
 FULL = CheckpointPolicy(full_every=1, incremental_every=None)
@@ -60,6 +63,15 @@ def test_a_network_store_compresses_what_saves_ten_percent_with_one_thread(s3_ur
         assert _codecs(store, cpu_threads=1)["bf16"] == {"shuffle-lz4"}
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("write_back", [False, True], ids=["write-through", "write-back"])
+def test_a_tiered_store_counts_as_a_network_one(tmp_path, write_back):
+    """Write-through puts go to the durable tier first; write-back ones are copied there later:
+    either way the bytes cross the network, so the 10% threshold stays."""
+    store = TieredStore(open_store(str(tmp_path / "hot")), open_store(f"memory://{uuid.uuid4().hex}"),
+                        write_back=write_back)
+    assert _codecs(store, cpu_threads=1)["bf16"] == {"shuffle-lz4"}
 
 
 def test_an_explicit_threshold_wins(tmp_path):

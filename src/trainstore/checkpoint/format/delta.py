@@ -128,8 +128,9 @@ def auto_raw_above(cpu_threads: int, local: bool) -> float:
     float data (``r`` 0.84-0.94 with shuffle-lz4, ``c`` 0.6-1.1 GB/s) and a local disk (``w``
     1-7 GB/s), ``n c < w`` below ~4 threads: there a 1 GiB bf16 state took 3.15 s to durable
     compressed (12% smaller) against 0.82 s raw on 2 cores (docs/benchmarks.md, "GPU (H200)"),
-    so only data that halves is compressed. Network stores (w well under 1 GB/s) and writers
-    with more threads keep the 10% threshold. Deterministic for a given machine and store, so
+    so only data that halves is compressed. Writers with more threads, and stores that are not
+    a local directory (S3; a tiered store, whose bytes cross the network to its durable tier
+    sooner or later: w well under 1 GB/s), keep the 10% threshold. Deterministic for a given machine and store, so
     the codec of unchanged bytes (part of their chunk key) does not flip between saves.
     """
     if local and cpu_threads < AUTO_COMPRESS_THREADS:

@@ -35,8 +35,8 @@ class WriteOptions:
     ``codec`` is used for the pieces of full checkpoints; a piece whose sampled compressed
     size exceeds ``raw_above`` of raw is stored raw instead. ``None`` (default) picks it by
     whether the codec keeps up with the store (``format.delta.auto_raw_above``): 0.9 (compress
-    what saves 10%) for network stores and writers with 4+ CPU threads, 0.5 (only what halves:
-    zeros, masks, ids) for a local disk with fewer, where compressing float data that saves
+    what saves 10%) for network and tiered stores and writers with 4+ CPU threads, 0.5 (only
+    what halves: zeros, masks, ids) for a local directory with fewer, where compressing float data that saves
     6-16% makes the save slower to become durable and to restore. ``delta_codec`` is used for every
     piece of an incremental checkpoint (XOR deltas and plain fallbacks): that is where the
     bytes are won, so it compresses harder (bytegroup-zstd: 1-4% smaller than shuffle-zstd
