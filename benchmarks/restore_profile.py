@@ -8,12 +8,15 @@ robust to a loaded machine, page faults included; "total" is wall time, "cpu" th
 CPU seconds), then restores one step and prints one JSON line. ``pretouch``
 variants fault in every destination page before the clock starts: the difference is the
 first-touch cost; ``dropped`` variants drop the chunk files from the page cache first (a
-restore after the cache lost them: raw pieces then come with ``O_DIRECT``); ``VARIANT@N`` restores with N read threads (default 4). ``torch_load`` is
-the same-sized torch file, for comparison (``torch_load_dropped``: that file dropped first). An
-unknown variant is refused before anything runs.
+restore after the cache lost them: raw pieces then come with ``O_DIRECT``; evicted with
+``pagecache.evict``); ``VARIANT@N`` restores with N read threads (default 4), ``VARIANT/M``
+reads and hashes raw chunks in blocks of M MiB (``chunkread.READ_BLOCK``, default 1).
+``torch_load`` is the same-sized torch file, for comparison (``torch_load_dropped``: that file
+evicted first). An unknown variant is refused before anything runs.
 
     .venv/bin/python benchmarks/restore_profile.py --gib 1 --repeats 2
     .venv/bin/python benchmarks/restore_profile.py --gpt --variants torch_load,full,incr --repeats 3
+    .venv/bin/python benchmarks/restore_profile.py --variants torch_load_dropped,full_dropped,full_dropped/4 --repeats 4
 
 ``--gpt``: the GPT + AdamW state of benchmarks/checkpoint.py (b) instead, its step 2 the same
 state scaled by (1 + 1e-4) (``checkpoint_cold.stepped``).
@@ -37,6 +40,7 @@ import time
 import torch
 from checkpoint import trained_gpt_state  # benchmarks/, the script's folder
 from checkpoint_cold import stepped
+from pagecache import evict, files_under
 
 from trainstore import codecs_bytegroup, hostmem
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
@@ -83,35 +87,28 @@ def _instrument(pretouch: bool) -> None:
         reader.empty_tensor = touched
 
 
-def drop_from_page_cache(root: str) -> None:
-    """``POSIX_FADV_DONTNEED`` on every file under ``root`` (no root rights needed)."""
-    for d, _, files in os.walk(root):
-        for f in files:
-            drop_file(os.path.join(d, f))
-
-
-def drop_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+def parse_variant(v: str) -> tuple[str, int, int]:
+    """``NAME[@THREADS][/BLOCK_MIB]`` -> (name, read threads, read block bytes); defaults 4 and
+    ``chunkread.READ_BLOCK``. Raises ValueError for an unknown name or options on torch.load."""
+    head, _, block = v.partition("/")
+    name, _, workers = head.partition("@")
+    if name not in VARIANTS or (name.startswith("torch_load") and (workers or block)):
+        raise ValueError(v)
+    return name, int(workers or 4), int(block) << 20 if block else chunkread.READ_BLOCK
 
 
 def child(variant: str, work: str) -> dict:
-    if variant == "torch_load_dropped":
-        drop_file(os.path.join(work, "state.pt"))
-    elif variant.partition("@")[0].endswith("dropped"):
-        drop_from_page_cache(os.path.join(work, "ts", "chunks"))
+    variant, workers, chunkread.READ_BLOCK = parse_variant(variant)
+    if variant.endswith("dropped"):
+        evict(files_under(os.path.join(work, "state.pt" if variant.startswith("torch_load") else "ts")))
     t, cpu = time.perf_counter(), time.process_time()
     if variant.startswith("torch_load"):
         state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
         return {"total": time.perf_counter() - t, "cpu": time.process_time() - cpu}
-    variant, _, workers = variant.partition("@")  # "full@2": two read threads (default 4)
     _instrument(variant.endswith("pretouch"))
     step = 1 if variant.startswith("full") else 2
     t, cpu = time.perf_counter(), time.process_time()
-    mgr = CheckpointManager(os.path.join(work, "ts"), job="prof", read_workers=int(workers or 4))
+    mgr = CheckpointManager(os.path.join(work, "ts"), job="prof", read_workers=workers)
     opened = time.perf_counter() - t
     state = mgr.restore(step=step)
     total, cpu = time.perf_counter() - t, time.process_time() - cpu
@@ -152,9 +149,15 @@ def main() -> None:
         print(json.dumps(child(args.one, args.work)))
         return
     variants = args.variants.split(",")
-    unknown = [v for v in variants if v.partition("@")[0] not in VARIANTS or (v.startswith("torch_load") and "@" in v)]
+    unknown = []
+    for v in variants:
+        try:
+            parse_variant(v)
+        except ValueError:
+            unknown.append(v)
     if unknown:
-        ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)} (trainstore ones take @N)")
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)} "
+                 "(trainstore ones take @THREADS and /BLOCK_MIB)")
     work = args.keep or tempfile.mkdtemp(prefix="ts-restore-prof-")
     try:
         if not os.path.exists(os.path.join(work, "state.pt")):
@@ -171,7 +174,7 @@ def main() -> None:
               f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         for v, rs in runs.items():
             keys = sorted({k for r in rs for k in r if k != "variant"}, key=lambda k: (k != "total", k != "cpu", k))
-            print(f"  {v:<14}" + "  ".join(f"{k} {statistics.median(r.get(k, 0.0) for r in rs):.3f}" for k in keys))
+            print(f"  {v:<20}" + "  ".join(f"{k} {statistics.median(r.get(k, 0.0) for r in rs):.3f}" for k in keys))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -24,12 +24,9 @@ most two chunks per piece and losing one incremental never breaks another.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any
 
 import blake3
 import numpy as np
@@ -130,8 +127,9 @@ def auto_raw_above(cpu_threads: int, local: bool) -> float:
     compressed (12% smaller) against 0.82 s raw on 2 cores (docs/benchmarks.md, "GPU (H200)"),
     so only data that halves is compressed. Writers with more threads, and stores that are not
     a local directory (S3; a tiered store, whose bytes cross the network to its durable tier
-    sooner or later: w well under 1 GB/s), keep the 10% threshold. Deterministic for a given machine and store, so
-    the codec of unchanged bytes (part of their chunk key) does not flip between saves.
+    sooner or later: w well under 1 GB/s), keep the 10% threshold. Deterministic for a given
+    machine and store, so the codec of unchanged bytes (part of their chunk key) does not flip
+    between saves.
     """
     if local and cpu_threads < AUTO_COMPRESS_THREADS:
         return SCARCE_CPU_RAW_ABOVE
@@ -142,11 +140,12 @@ class PieceEncoder:
     """Stores pieces in a ``ChunkStore`` with the codec choices described above."""
 
     def __init__(self, chunks: ChunkStore, *, codec: str, delta_codec: str, level: int,
-                 threads: int, incompressible_ratio: float, raw_above: float | None = None,
-                 cpu: AbstractContextManager[Any] | None = None, cpu_threads: int = 1) -> None:
+                 threads: int, incompressible_ratio: float, cpu_threads: int,
+                 raw_above: float | None = None) -> None:
         self.chunks = chunks
-        #: held around hashing, XOR, sampling and encoding (not I/O): bounds the cores in use
-        self.cpu = cpu or contextlib.nullcontext()
+        #: held around hashing, XOR, sampling and encoding (not I/O): at most ``cpu_threads``
+        #: of the writer's threads use a core at once
+        self.cpu = threading.BoundedSemaphore(cpu_threads)
         self.codec = codec
         self.delta_codec = delta_codec
         self.level = level

@@ -36,8 +36,8 @@ class WriteOptions:
     size exceeds ``raw_above`` of raw is stored raw instead. ``None`` (default) picks it by
     whether the codec keeps up with the store (``format.delta.auto_raw_above``): 0.9 (compress
     what saves 10%) for network and tiered stores and writers with 4+ CPU threads, 0.5 (only
-    what halves: zeros, masks, ids) for a local directory with fewer, where compressing float data that saves
-    6-16% makes the save slower to become durable and to restore. ``delta_codec`` is used for every
+    what halves: zeros, masks, ids) for a local directory with fewer, where compressing float
+    data that saves 6-16% makes the save slower to become durable. ``delta_codec`` is used for every
     piece of an incremental checkpoint (XOR deltas and plain fallbacks): that is where the
     bytes are won, so it compresses harder (bytegroup-zstd: 1-4% smaller than shuffle-zstd
     on weights, bf16 and AdamW moments, benchmarks/codecs.py); such pieces are stored raw
@@ -132,11 +132,9 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
                   base: BaseLookup | None = None,
                   cancel: threading.Event | None = None) -> tuple[dict[str, TensorEntry], WriteStats]:
     """Store every staged tensor; returns manifest entries and byte counts."""
-    cpu_threads = opts.cpu_threads or default_cpu_threads()
     enc = PieceEncoder(chunks, codec=opts.codec, delta_codec=opts.delta_codec, level=opts.level,
                        threads=opts.codec_threads, incompressible_ratio=opts.incompressible_ratio,
-                       raw_above=opts.raw_above, cpu=threading.BoundedSemaphore(cpu_threads),
-                       cpu_threads=cpu_threads)
+                       cpu_threads=opts.cpu_threads or default_cpu_threads(), raw_above=opts.raw_above)
     budget = ByteBudget(opts.max_inflight_bytes)
     results: dict[str, list[Future[PieceResult] | None]] = {}
     pending: set[Future] = set()
