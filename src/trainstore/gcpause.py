@@ -20,28 +20,42 @@ from __future__ import annotations
 import gc
 import threading
 
+_LOCK = threading.Lock()
+_STATE = [0, False]  # [phases paused now (any thread), whether the collector was on when the first began]
+
+
+def _enter() -> None:
+    _LOCK.acquire()  # acquire/release, not ``with``: a ``with`` on a lock allocates bound methods
+    try:
+        if _STATE[0] == 0:
+            _STATE[1] = gc.isenabled()
+            gc.disable()
+        _STATE[0] += 1
+    finally:
+        _LOCK.release()
+
+
+def _exit(exc_type: object, exc: object, tb: object) -> None:
+    _LOCK.acquire()
+    try:
+        _STATE[0] -= 1
+        if _STATE[0] == 0 and _STATE[1]:
+            gc.enable()
+    finally:
+        _LOCK.release()
+
 
 class _Pause:
-    """The one pause (a context manager): entering it allocates nothing the collector tracks,
-    so entering cannot itself trigger the collection it is there to keep out."""
+    """The one pause (a context manager) whose entry allocates nothing the collector tracks,
+    so entering cannot itself trigger the collection it is there to keep out. A ``with`` looks
+    ``__enter__``/``__exit__`` up on the type before calling them; a plain method would be a
+    new bound-method object each time, and an owed collection ran right there, on the caller's
+    thread (tests/checkpoint/test_gc_pause.py). Static methods are looked up as themselves.
+    ``__exit__`` may allocate: the collector is still off while it runs."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._depth = 0  # phases paused now (any thread)
-        self._resume = False  # whether the collector was enabled when the first of them started
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._depth == 0:
-                self._resume = gc.isenabled()
-                gc.disable()
-            self._depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._depth -= 1
-            if self._depth == 0 and self._resume:
-                gc.enable()
+    __slots__ = ()
+    __enter__ = staticmethod(_enter)
+    __exit__ = staticmethod(_exit)
 
 
 _PAUSE = _Pause()

@@ -45,6 +45,19 @@ def eager_gc():
         gc.set_threshold(*old)
 
 
+class _Tracked:
+    """An object the collector tracks, allocated without a free list: each one counts."""
+
+
+def _owe_a_collection(held: list) -> None:
+    """Generation 0 brought to exactly its threshold, so the next tracked allocation, wherever
+    it is, collects: the worst moment for a pause to start or to have a gap. The objects stay
+    in ``held`` (freeing one lowers the count again)."""
+    threshold = gc.get_threshold()[0]
+    while gc.get_count()[0] < threshold:
+        held.append(_Tracked())
+
+
 def _state(step: int) -> dict:
     return {f"t{i}": np.full(64, step + i, dtype=np.float32) for i in range(50)} | {"step": step}
 
@@ -71,6 +84,39 @@ def test_staging_and_restore_run_no_collection_on_the_callers_thread(tmp_path, e
     junk = [[i] for i in range(100)]
     eager_gc.on = False
     assert eager_gc.on_thread(me) > 0 and len(junk) == 100
+
+
+def test_a_collection_owed_as_save_and_restore_start_runs_on_no_callers_thread(tmp_path, eager_gc):
+    """CI saw one collection on the caller's thread inside save() (1 run in ~20): whether one
+    was owed as save() began depended on allocations other threads made. Forced here."""
+    me, held = threading.current_thread().name, []
+    with CheckpointManager(str(tmp_path), "job", policy=CheckpointPolicy(full_every=1)) as mgr:
+        mgr.save(1, _state(1)).wait()
+        for step in (2, 3, 4):
+            state = _state(step)
+            _owe_a_collection(held)
+            eager_gc.on = True
+            handle = mgr.save(step, state)
+            eager_gc.on = False
+            assert eager_gc.on_thread(me) == 0, f"a collection ran inside save({step}) on the caller's thread"
+            handle.wait()
+            _owe_a_collection(held)
+            eager_gc.on = True
+            got = mgr.restore()
+            eager_gc.on = False
+            assert eager_gc.on_thread(me) == 0, f"a collection ran inside restore() of {step} on the caller's thread"
+            assert got["step"] == step
+
+
+def test_entering_a_pause_owes_nothing(eager_gc):
+    held: list = []
+    _owe_a_collection(held)
+    eager_gc.on = True
+    with gc_paused():
+        pass
+    eager_gc.on = False
+    assert eager_gc.seen == []
+    assert gc.isenabled()
 
 
 def test_gc_paused_nests_across_threads_and_keeps_a_disabled_collector_disabled():

@@ -124,15 +124,19 @@ class CheckpointManager:
              blocking: bool = False, kind: str | None = None, extra: dict | None = None) -> SaveHandle:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied to host buffers."""
         t0 = time.perf_counter()
-        with gc_paused():  # the caller's part of a save, but not its waits (gcpause)
-            admitted = self._admit(step, state, kind)
-        if isinstance(admitted, SaveHandle):
-            return admitted  # skipped
-        backend, kind, busy = admitted
-        if busy is not None:
-            self._wait_inflight()
+        # the caller's part of a save is one paused phase (gcpause): a gap between its checks and
+        # its staging let an owed collection run on the caller's thread; only a wait is outside
         with gc_paused():
-            handle = self._stage(backend, step, kind, state, metrics, config, extra, t0)
+            admitted = self._admit(step, state, kind)
+            if isinstance(admitted, SaveHandle):
+                return admitted  # skipped
+            backend, kind, busy = admitted
+            if busy is None:
+                handle = self._stage(backend, step, kind, state, metrics, config, extra, t0)
+        if busy is not None:  # the previous save still runs: wait for it with the collector on
+            self._wait_inflight()
+            with gc_paused():
+                handle = self._stage(backend, step, kind, state, metrics, config, extra, t0)
         del state  # the live tensors may change from here on
         if blocking:
             self._wait_inflight()
