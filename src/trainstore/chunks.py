@@ -3,8 +3,9 @@
 * ``put(data)`` hashes the raw bytes (BLAKE3-256), skips the write if an object with that
   name exists (dedup), else compresses and writes it. It returns a ``ChunkRef`` carrying
   everything a reader needs: hash, codec, element size, raw and stored length.
-* ``get(ref)`` reads, checks the stored length, decodes and re-hashes. There is no
-  unverified read path. A copy that fails (or a missing one) is **repaired**: the other
+* ``get(ref)`` reads, checks the stored length, decodes and re-hashes (BLAKE3, or the
+  piece's xxh3 read check when the caller passes one: ``digests``). There is no unverified
+  read path. A copy that fails (or a missing one) is **repaired**: the other
   copies are tried - every tier of a tiered store (``Store.tiers()``: hot, durable,
   archive), then the chunk's replica (``replica_key``) in each tier - and the first good one
   atomically replaces each bad copy seen (``RepairEvent``s go to the ``on_repair``
@@ -19,10 +20,7 @@
 * Parallel writers bound the bytes in flight with ``bytebudget.ByteBudget`` (the checkpoint
   writer, the demo).
 
-Why BLAKE3 and not xxh3: names double as dedup keys, so a collision would silently swap
-one tensor's bytes for another's. xxh3 is not collision resistant against crafted input;
-BLAKE3 is a cryptographic hash and still runs at several GB/s per core (faster than the
-disk and the compressor), so integrity costs little. See docs/design-choices.md.
+Why BLAKE3 names chunks, and xxh3 only checks reads: ``digests``, docs/design-choices.md.
 
 Layout: ``<prefix>/<h[0:2]>/<h>.<codec>``, so listing by the first byte spreads load.
 """
@@ -37,9 +35,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-import blake3
-
 from .codecs import CODECS, LOSSY_CODECS, MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
+from .digests import HASH_HEX_LEN, content_hash, matches
 from .errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -55,7 +52,6 @@ from .store.checked import read_copies
 
 log = logging.getLogger("trainstore.chunks")
 
-HASH_HEX_LEN = 64
 #: A chunk's optional second copy lives at ``<key>.replica`` (same store, same prefix).
 REPLICA_SUFFIX = ".replica"
 
@@ -63,11 +59,6 @@ REPLICA_SUFFIX = ".replica"
 def replica_key(key: str) -> str:
     """Key of the replica of chunk ``key`` (GC keeps it while ``key`` is referenced)."""
     return key + REPLICA_SUFFIX
-
-
-def content_hash(data: Buffer) -> str:
-    """BLAKE3-256 of ``data`` as hex."""
-    return blake3.blake3(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -219,29 +210,33 @@ class ChunkStore:
                     self._known.pop(key, None)
 
     # -- reading ---------------------------------------------------------------------------
-    def check(self, ref: ChunkRef, stored: Buffer, out: memoryview | None = None, key: str | None = None) -> Buffer:
+    def check(self, ref: ChunkRef, stored: Buffer, out: memoryview | None = None, key: str | None = None,
+              check: str | None = None, strong: bool = False) -> Buffer:
         """Decode ``stored`` (one copy of ``ref``'s chunk, into ``out`` if given) and verify
-        its length and hash; raises ``ChunkCorruptError`` naming ``key``."""
+        its length and hash - the read check ``check`` (xxh3-128 of the raw bytes, from the
+        manifest) when given, else BLAKE3; ``strong``: BLAKE3 *and* ``check`` (a scrub).
+        Raises ``ChunkCorruptError`` naming ``key``."""
         key = key or ref.key(self.prefix)
         n = memoryview(stored).nbytes
         if n > ref.max_stored:
             raise ChunkCorruptError(f"chunk {key}: {n} bytes stored, more than a {ref.size}-byte chunk can take")
         raw = decode(stored, ref.codec, ref.size, key=key, out=out, threads=self.codec.threads)
-        if content_hash(raw) != ref.hash:
+        if not matches(raw, ref.hash, check, strong):
             raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
         return raw
 
-    def get(self, ref: ChunkRef, out: memoryview | None = None) -> Buffer:
-        """Read, decode (into ``out`` if given) and verify one chunk; repair a bad copy."""
+    def get(self, ref: ChunkRef, out: memoryview | None = None, check: str | None = None) -> Buffer:
+        """Read, decode (into ``out`` if given) and verify one chunk (against ``check`` when
+        given: ``check``); repair a bad copy."""
         key = ref.key(self.prefix)
         if out is not None and memoryview(out).nbytes != ref.size:
             raise ConfigError(
                 f"chunk {key}: output buffer has {memoryview(out).nbytes} bytes, the chunk {ref.size}"
             )
         try:
-            return self.check(ref, self.store.get(key), out, key)
+            return self.check(ref, self.store.get(key), out, key, check)
         except (ChunkCorruptError, NotFoundError) as exc:
-            return self.recover(ref, out, exc)
+            return self.recover(ref, out, exc, check)
 
     def get_stored(self, ref: ChunkRef) -> Buffer:
         """The stored (encoded) bytes of a verified good copy of ``ref``'s chunk - what a
@@ -254,22 +249,24 @@ class ChunkStore:
         except (ChunkCorruptError, NotFoundError) as exc:
             return self._recover(ref, None, exc)[0]
 
-    def recover(self, ref: ChunkRef, out: memoryview | None, error: ChunkCorruptError | NotFoundError) -> Buffer:
+    def recover(self, ref: ChunkRef, out: memoryview | None, error: ChunkCorruptError | NotFoundError,
+                check: str | None = None) -> Buffer:
         """After ``error`` (a bad or missing copy): find a good copy in any tier or replica,
-        replace the bad copies with it, return the decoded chunk; else raise (module doc)."""
-        return self._recover(ref, out, error)[1]
+        replace the bad copies with it, return the decoded chunk; else raise (module doc).
+        Copies are judged like ``check`` judges them (``check``: the read check, if any)."""
+        return self._recover(ref, out, error, check)[1]
 
     def _recover(self, ref: ChunkRef, out: memoryview | None,
-                 error: ChunkCorruptError | NotFoundError) -> tuple[Buffer, Buffer]:
+                 error: ChunkCorruptError | NotFoundError, check: str | None = None) -> tuple[Buffer, Buffer]:
         """``recover``, returning (stored bytes, decoded chunk) of the good copy."""
         key = ref.key(self.prefix)
         with self._repair_lock:
             try:  # another thread may have repaired it while we waited
                 stored = self.store.get(key)
-                return stored, self.check(ref, stored, out, key)
+                return stored, self.check(ref, stored, out, key, check)
             except (ChunkCorruptError, NotFoundError):
                 pass
-            good, bad, failed = self._scan(ref, out, every=False)
+            good, bad, failed = self._scan(ref, out, every=False, check=check)
             if good is None:
                 if failed is not None:
                     raise failed  # a tier could not answer: not known to be corrupt
@@ -287,9 +284,11 @@ class ChunkStore:
         """(tier, key kind) in the order copies are tried: primaries in every tier, then replicas."""
         return [(tier, kind) for kind in ("primary", "replica") for tier in self.store.tiers()]
 
-    def _scan(self, ref: ChunkRef, out: memoryview | None, every: bool
+    def _scan(self, ref: ChunkRef, out: memoryview | None, every: bool, check: str | None = None,
+              strong: bool = False
               ) -> tuple[tuple[Buffer, Buffer, Store, str] | None, list[tuple[Store, str, str]], StoreError | None]:
-        """Read the copies of ``ref`` (all with ``every``, else up to the first good one).
+        """Read the copies of ``ref`` (all with ``every``, else up to the first good one;
+        judged like ``check`` judges them).
         Returns (good: (stored, raw, tier, key) or None, bad: [(tier, key, problem)],
         the first store error met)."""
         key = ref.key(self.prefix)
@@ -297,7 +296,7 @@ class ChunkStore:
         places = ((tier, key if kind == "primary" else replica_key(key)) for tier, kind in self._copies())
         for tier, k, stored in read_copies(places, failed):
             try:
-                raw = self.check(ref, stored, out if good is None else None, k)
+                raw = self.check(ref, stored, out if good is None else None, k, check, strong)
             except ChunkCorruptError as exc:
                 bad.append((tier, k, str(exc)))
                 continue
@@ -323,10 +322,10 @@ class ChunkStore:
                 except Exception as exc:  # noqa: BLE001 - reporting never breaks a read
                     log.warning("repair listener %r failed: %s", fn, exc)
 
-    def verify(self, ref: ChunkRef, deep: bool = True) -> None:
+    def verify(self, ref: ChunkRef, deep: bool = True, check: str | None = None) -> None:
         """Raise if the chunk is missing (shallow) or has no copy that decodes to its hash
-        (deep). Deep is a scrub: every copy in every tier (and replica) is read, bad ones
-        are repaired from a good one."""
+        (deep) - and to ``check``, the read check a manifest records for it. Deep is a scrub:
+        every copy in every tier (and replica) is read, bad ones are repaired from a good one."""
         key = ref.key(self.prefix)
         if not deep:
             if self.store.head(key).size != ref.stored:
@@ -334,7 +333,7 @@ class ChunkStore:
                 # read it to tell a valid copy from a damaged one
                 self.check(ref, self.store.get(key), key=key)
             return
-        good, bad, failed = self._scan(ref, None, every=True)
+        good, bad, failed = self._scan(ref, None, every=True, check=check, strong=True)
         if good is None:
             if failed is not None:
                 raise failed

@@ -28,11 +28,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import blake3
 import numpy as np
 
 from ...chunks import ChunkRef, ChunkStore, content_hash
 from ...codecs import encode
+from ...digests import Hasher, digests, hasher
 from .manifest import ChunkEntry
 from .packs import build_pack
 
@@ -75,18 +75,19 @@ def xor_into(a: memoryview | np.ndarray, b: memoryview | np.ndarray, out: np.nda
 
 
 class DeltaApply:
-    """``out ^= delta``, then BLAKE3 of ``out``, block by block: the ``on_block`` of the base
-    chunk's read into ``out`` (``chunkread.get_into``), so each block is XORed and hashed right
-    after it lands, while in the CPU cache, with no second full-size buffer. Blocks must come
-    in order; ``hexdigest`` starts over on the whole of ``out`` when they did not cover it
-    (the base was then filled whole by a decode, a repair or a remote read)."""
+    """``out ^= delta``, then the digest of ``out``, block by block: the ``on_block`` of the
+    base chunk's read into ``out`` (``chunkread.get_into``), so each block is XORed and hashed
+    right after it lands, while in the CPU cache, with no second full-size buffer. The digest
+    is the piece's read check (xxh3-128) when ``check`` (it has one), else BLAKE3. Blocks must
+    come in order; ``hexdigest`` starts over on the whole of ``out`` when they did not cover
+    it (the base was then filled whole by a decode, a repair or a remote read)."""
 
-    def __init__(self, delta: np.ndarray, out: np.ndarray, block: int = 1 << 20) -> None:
+    def __init__(self, delta: np.ndarray, out: np.ndarray, check: str | None = None, block: int = 1 << 20) -> None:
         if delta.nbytes != out.nbytes:
             raise ValueError(f"delta of {delta.nbytes} bytes for a piece of {out.nbytes}")
-        self.delta, self.out, self.block = delta, out, block
+        self.delta, self.out, self.block, self.check = delta, out, block, check
         self.done = 0
-        self._hasher = blake3.blake3()
+        self._hasher: Hasher = hasher(check)
 
     def __call__(self, lo: int, hi: int) -> None:
         if lo != self.done:
@@ -97,10 +98,10 @@ class DeltaApply:
         self.done = hi
 
     def hexdigest(self) -> str:
-        """BLAKE3 of ``out`` with the whole delta applied."""
+        """The digest of ``out`` with the whole delta applied."""
         n = self.out.nbytes
         if self.done != n:
-            self.done, self._hasher = 0, blake3.blake3()
+            self.done, self._hasher = 0, hasher(self.check)
             for lo in range(0, n, self.block):
                 self(lo, min(n, lo + self.block))
         return self._hasher.hexdigest()
@@ -169,27 +170,34 @@ class PieceEncoder:
         enc = encode(sample, codec, itemsize, level=self.level, threads=self.threads)
         return memoryview(enc).nbytes / sample.nbytes
 
+    def _digests(self, data: memoryview) -> tuple[str, str]:
+        """(BLAKE3, read check) of a piece, under the CPU gate."""
+        with self.cpu:
+            return digests(data)
+
     def _put(self, data: memoryview, codec: str, itemsize: int, h: str) -> tuple[ChunkRef, int]:
         # dedup, encode (under the cpu gate), atomic durable put
         res = self.chunks.put(data, codec, itemsize, digest=h, cpu=self.cpu)
         return res.ref, (res.ref.stored if res.written else 0)
 
     # -- plain pieces ----------------------------------------------------------------------
-    def plain(self, data: memoryview, itemsize: int, h: str | None = None, *,
+    def plain(self, data: memoryview, itemsize: int, sums: tuple[str, str] | None = None, *,
               codec: str | None = None, raw_above: float | None = None) -> PieceResult:
         """Store the piece itself: compressed, or raw when a sample shows it saves too little.
+        ``sums``: the piece's ``digests`` when the caller has them.
 
         Defaults are those of full checkpoints (``codec``, ``raw_above``); incrementals pass
         their delta codec and ``incompressible_ratio``.
         """
         codec = codec or self.codec
         limit = self.raw_above if raw_above is None else raw_above
-        with self.cpu:
-            h = h or content_hash(data)
-            if codec != "raw" and self._ratio(data, codec, itemsize) > limit:
-                codec = "raw"
+        h, check = sums or self._digests(data)
+        if codec != "raw":
+            with self.cpu:
+                if self._ratio(data, codec, itemsize) > limit:
+                    codec = "raw"
         ref, written = self._put(data, codec, itemsize, h)
-        return PieceResult(ChunkEntry(ref), written, ref.stored)
+        return PieceResult(ChunkEntry(ref, check=check), written, ref.stored)
 
     # -- incremental pieces ----------------------------------------------------------------
     def against_base(self, data: memoryview, itemsize: int, base: ChunkEntry,
@@ -201,12 +209,12 @@ class PieceEncoder:
         even sampled (it cannot win by much then).
         """
         n = data.nbytes
-        with self.cpu:
-            h = content_hash(data)
-        if base.base is None and base.logical_hash() == h and base.size == n:
-            return PieceResult(replace(base, same_as_base=True), 0, 0)
+        sums = self._digests(data)
+        h, check = sums
+        if base.base is None and base.logical_hash() == h and base.size == n:  # (the check: the base's may predate them)
+            return PieceResult(replace(base, same_as_base=True, check=check), 0, 0)
         if base.base is not None or base.span is not None or base.ref.size != n:
-            return self._plain_incremental(data, itemsize, h)  # (a packed base piece: no XOR inside packs)
+            return self._plain_incremental(data, itemsize, sums)  # (a packed base piece: no XOR inside packs)
         base_view = base_bytes()  # may read the base chunk from the store: outside the gate
         with self.cpu:
             delta = memoryview(xor_into(data, base_view, scratch(n)))
@@ -217,10 +225,11 @@ class PieceEncoder:
             use_plain = r_plain is not None and r_plain < r_delta
             delta_hash = "" if use_plain else content_hash(delta)
         if use_plain:
-            return self._plain_incremental(data, itemsize, h, r_plain)
+            return self._plain_incremental(data, itemsize, sums, r_plain)
         codec = self.delta_codec if r_delta <= self.incompressible_ratio else "raw"
         ref, written = self._put(delta, codec, itemsize, delta_hash)
-        return PieceResult(ChunkEntry(ref, base.ref, h), written, ref.stored)
+        # the check is the piece's (what a restore rebuilds), the delta chunk has none of its own
+        return PieceResult(ChunkEntry(ref, base.ref, h, check=check), written, ref.stored)
 
     # -- packs of small tensors (packs.py) --------------------------------------------------
     def pack(self, members: list[tuple[memoryview, ChunkEntry | None]], itemsize: int,
@@ -231,12 +240,12 @@ class PieceEncoder:
         are packed together (full: the full codec; incremental: the delta codec). The pack's
         written and owned bytes are counted on its first member."""
         with self.cpu:
-            hashes = [content_hash(v) for v, _ in members]
+            sums = [digests(v) for v, _ in members]
         results: list[PieceResult | None] = [None] * len(members)
         fresh = []
-        for i, ((v, base), h) in enumerate(zip(members, hashes)):
+        for i, ((v, base), (h, check)) in enumerate(zip(members, sums)):
             if base is not None and base.base is None and base.size == v.nbytes and base.logical_hash() == h:
-                results[i] = PieceResult(replace(base, same_as_base=True), 0, 0)
+                results[i] = PieceResult(replace(base, same_as_base=True, check=check), 0, 0)
             else:
                 fresh.append(i)
         if fresh:
@@ -247,16 +256,17 @@ class PieceEncoder:
             else:
                 r = self.plain(memoryview(buf), itemsize)
             for k, (i, span) in enumerate(zip(fresh, spans)):
-                entry = ChunkEntry(r.entry.ref, content_hash=hashes[i], span=span)
+                entry = ChunkEntry(r.entry.ref, content_hash=sums[i][0], span=span, check=sums[i][1])
                 results[i] = PieceResult(entry, r.written if k == 0 else 0, r.owned if k == 0 else 0)
         return results  # type: ignore[return-value]
 
-    def _plain_incremental(self, data: memoryview, itemsize: int, h: str, ratio: float | None = None) -> PieceResult:
+    def _plain_incremental(self, data: memoryview, itemsize: int, sums: tuple[str, str],
+                           ratio: float | None = None) -> PieceResult:
         if ratio is not None:  # already sampled
             codec = self.delta_codec if ratio <= self.incompressible_ratio else "raw"
-            ref, written = self._put(data, codec, itemsize, h)
-            return PieceResult(ChunkEntry(ref), written, ref.stored)
-        return self.plain(data, itemsize, h, codec=self.delta_codec, raw_above=self.incompressible_ratio)
+            ref, written = self._put(data, codec, itemsize, sums[0])
+            return PieceResult(ChunkEntry(ref, check=sums[1]), written, ref.stored)
+        return self.plain(data, itemsize, sums, codec=self.delta_codec, raw_above=self.incompressible_ratio)
 
 
 __all__ = ["DeltaApply", "PieceEncoder", "auto_raw_above", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...chunks import HASH_HEX_LEN, ChunkRef
+from ...digests import is_check
 from ...errors import ManifestError
 
 
@@ -21,6 +22,9 @@ class ChunkEntry:
     content_hash: str | None = None  # BLAKE3 of the piece (deltas, packed pieces)
     same_as_base: bool = False  # ref is the base checkpoint's identical chunk (or pack)
     span: tuple[int, int] | None = None  # packed: (offset, length) of the piece in the pack's raw bytes
+    #: xxh3-128 of the piece's raw bytes: what a restore checks it against (``digests``);
+    #: None in manifests written before read checks (their reads check BLAKE3)
+    check: str | None = None
 
     @property
     def size(self) -> int:
@@ -44,6 +48,12 @@ class ChunkEntry:
         return (self.ref,) if self.base is None else (self.ref, self.base)
 
     def to_json(self) -> dict:
+        out = self._json()
+        if self.check is not None:  # a key older readers ignore: no format version needed
+            out["check"] = self.check
+        return out
+
+    def _json(self) -> dict[str, Any]:
         if self.span is not None:
             packed: dict[str, Any] = {"pack": self.ref.to_json(), "at": list(self.span), "hash": self.content_hash}
             if self.same_as_base:
@@ -60,6 +70,16 @@ class ChunkEntry:
     def from_json(cls, obj: Any) -> ChunkEntry:
         if not isinstance(obj, dict):
             raise ManifestError(f"chunk entry must be an object, got {type(obj).__name__}")
+        entry = cls._from_json(obj)
+        check = obj.get("check")
+        if check is None:
+            return entry
+        if not is_check(check):
+            raise ManifestError(f"chunk entry of {entry.ref.hash[:12]} has a malformed read check {check!r:.80}")
+        return cls(entry.ref, entry.base, entry.content_hash, entry.same_as_base, entry.span, check)
+
+    @classmethod
+    def _from_json(cls, obj: dict) -> ChunkEntry:
         if "ref" in obj:
             return cls(ChunkRef.from_json(obj["ref"]), same_as_base=bool(obj.get("same", False)))
         if "pack" in obj:

@@ -38,6 +38,12 @@ A CHUNK is one of:
 
 REF is ``ChunkRef.to_json()``: ``[hash, codec, raw size, stored size, itemsize]``.
 
+Every CHUNK may carry ``"check": C``: the xxh3-128 (32 hex digits) of the piece's raw bytes,
+what a restore compares the piece against (``digests``: 5x cheaper than BLAKE3, which stays
+the content address and what ``verify`` compares). Entries without one (manifests written
+before read checks) are checked with BLAKE3. Readers that predate the key ignore it, so it
+needs no new format version.
+
 Everything here validates hostile input: a malformed manifest raises ``ManifestError``
 naming the key, never a KeyError or a half-built object.
 """

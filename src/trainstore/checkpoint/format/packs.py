@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ...chunks import ChunkRef, ChunkStore, content_hash
+from ...digests import matches
 from ...errors import ChunkCorruptError, IntegrityError, ManifestError, StoreError
 from .manifest import ChunkEntry
 
@@ -127,7 +128,7 @@ def group_packed(tasks: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
 
 
 def _check_member(entry: ChunkEntry, data: np.ndarray) -> bool:
-    return content_hash(data) == entry.content_hash
+    return matches(data, entry.content_hash or "", entry.check)
 
 
 def _buffer(n: int) -> np.ndarray:

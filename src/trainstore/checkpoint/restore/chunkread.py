@@ -4,8 +4,9 @@
 chunk files on a local filesystem (a local store, or the hot tier of a tiered one):
 
 * **raw** chunks are read straight into ``out`` (the destination tensor's memory) with
-  ``preadv`` and hashed block by block as they arrive (BLAKE3 of the bytes as read, while
-  they are in the CPU cache; never skipped). When ``out`` is 4 KiB-aligned and large
+  ``preadv`` and hashed block by block as they arrive (while they are in the CPU cache;
+  never skipped): against the piece's read check (xxh3-128, ``digests``) when the manifest
+  records one, else BLAKE3 - 0.08 instead of 0.4 CPU seconds per GiB. When ``out`` is 4 KiB-aligned and large
   (``fileio.direct_eligible``: restore destinations from ``hostmem`` are) and the chunk is
   not in the page cache (``mincore`` of its first page says so), the file is read
   with ``O_DIRECT``: from the device into the tensor, no page-cache copy and no page-cache
@@ -14,7 +15,7 @@ chunk files on a local filesystem (a local store, or the hot tier of a tiered on
 * **compressed** chunks are read into a per-thread reusable buffer and decoded into ``out``
   (the zstd codecs release the GIL: callers decode pieces on a thread pool), then re-hashed.
 
-The checks are ``ChunkStore.get``'s: stored length, decode, BLAKE3. A chunk whose copy is bad
+The checks are ``ChunkStore.get``'s: stored length, decode, the read check (or BLAKE3). A chunk whose copy is bad
 (wrong size, a read that ends early: the file is shorter than it was when opened, a hash
 mismatch) raises ``ChunkCorruptError`` internally and is repaired like in ``ChunkStore.get``
 (another tier, a replica); one that vanished (evicted) is read through the store. An
@@ -35,11 +36,11 @@ import os
 import threading
 from collections.abc import Callable
 
-import blake3
 import numpy as np
 
-from ...chunks import ChunkRef, ChunkStore, content_hash
+from ...chunks import ChunkRef, ChunkStore
 from ...codecs import decode
+from ...digests import Hasher, hasher as new_hasher, matches
 from ...errors import ChunkCorruptError, NotFoundError, StoreError
 from ...fileio import DIRECT_ALIGN, direct_eligible
 from ...hostmem import PAGE
@@ -94,7 +95,7 @@ def _open_direct(path: str) -> int | None:
         raise
 
 
-def _read_raw(fd: int, path: str, out: memoryview, key: str, hasher: blake3.blake3 | None,
+def _read_raw(fd: int, path: str, out: memoryview, key: str, hasher: Hasher | None,
               on_block: OnBlock | None = None) -> None:
     """Read ``out.nbytes`` bytes of ``fd`` into ``out`` block by block, hashing (and handing
     each block to ``on_block``) as they come; the 4 KiB-aligned head with ``O_DIRECT`` when
@@ -139,10 +140,10 @@ def _stored_buffer(size: int) -> memoryview:
 
 
 def read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool, path: str,
-               on_block: OnBlock | None = None) -> None:
+               on_block: OnBlock | None = None, check: str | None = None) -> None:
     """The local fast path of ``get_into`` (no repair)."""
     key = ref.key(chunks.prefix)
-    hasher = blake3.blake3() if ref.codec == "raw" and verify else None
+    hasher = new_hasher(check) if ref.codec == "raw" and verify else None
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -168,14 +169,15 @@ def read_local(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool,
         decode(stored, ref.codec, ref.size, key=key, out=out, threads=max(chunks.codec.threads, DECODE_THREADS))
     if not verify:
         return
-    digest = hasher.hexdigest() if hasher is not None else content_hash(out)
-    if digest != ref.hash:
+    ok = hasher.hexdigest() == (check or ref.hash) if hasher is not None else matches(out, ref.hash, check)
+    if not ok:
         raise ChunkCorruptError(f"chunk {key}: content does not match its hash (corrupted)")
 
 
 def get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool = True,
-             on_block: OnBlock | None = None) -> None:
-    """``ChunkStore.get(ref, out=out)``, read straight into ``out`` from a local file.
+             on_block: OnBlock | None = None, check: str | None = None) -> None:
+    """``ChunkStore.get(ref, out=out, check=check)``, read straight into ``out`` from a local
+    file. ``check``: the piece's read check (xxh3-128 of ``out``'s bytes) if it has one.
 
     ``verify=False`` skips only the hash (the caller checks a hash over what it builds from
     this chunk, as the reader does for XOR deltas). A bad local copy is repaired like in
@@ -189,14 +191,14 @@ def get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool = 
     """
     path = chunks.store.local_path(ref.key(chunks.prefix))
     if path is None:
-        chunks.get(ref, out=out)
+        chunks.get(ref, out=out, check=check)
         return
     try:
-        read_local(chunks, ref, out, verify, path, on_block)
+        read_local(chunks, ref, out, verify, path, on_block, check)
     except ChunkCorruptError as exc:
-        chunks.recover(ref, out, exc)
+        chunks.recover(ref, out, exc, check)
     except NotFoundError:
-        chunks.get(ref, out=out)
+        chunks.get(ref, out=out, check=check)
 
 
 __all__ = ["DECODE_THREADS", "READ_BLOCK", "USE_DIRECT", "OnBlock", "get_into", "pread_into", "read_local"]

@@ -2,8 +2,9 @@
 
 Shallow: every chunk a manifest names exists with the recorded stored size, and the base
 manifest of an incremental exists. Deep: additionally every chunk is read, decoded and
-re-hashed (``ChunkStore.verify(deep=True)``), and every XOR delta is applied to its base
-and checked against the piece's recorded hash. The outcome is written to
+re-hashed (``ChunkStore.verify(deep=True)``: BLAKE3, and the read check the manifest records
+for its pieces, ``digests``), and every XOR delta is applied to its base and every packed
+piece cut from its pack, each checked against the piece's recorded hash and read check. The outcome is written to
 ``jobs/<job>/checkpoints/<step>/verify.json`` (see ``manifest.VerifyRecord``) so that
 ``restore()`` skips a checkpoint known to be bad; the record is bound to the manifest it
 verified (its digest), so it never applies to a step saved again under the same number.
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ...chunks import ChunkRef, ChunkStore
+from ...digests import matches
 from ...errors import IntegrityError, NotFoundError, TrainstoreError
 from ..format.manifest import (
     Manifest,
@@ -56,34 +58,41 @@ def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, w
                 errors.append(f"base step {manifest.base_step} is not a full checkpoint")
         except (IntegrityError, NotFoundError) as exc:
             errors.append(f"base step {manifest.base_step}: {exc}")
-    refs: set[ChunkRef] = set()
-    deltas = []
+    refs: dict[ChunkRef, str | None] = {}  # chunk -> the read check its plain pieces record
+    built = []  # pieces that are not a chunk's bytes as stored: deltas, packed pieces
     for t in manifest.tensors.values():
         for piece in t.chunks:
-            refs.update(piece.refs())
-            if piece.base is not None:
-                deltas.append(piece)
+            for ref in piece.refs():
+                refs.setdefault(ref, None)
+            if piece.base is not None or piece.span is not None:
+                built.append(piece)
+            elif piece.check is not None:
+                refs[piece.ref] = piece.check
 
-    def check(ref: ChunkRef) -> str | None:
-        try:
-            chunks.verify(ref, deep=deep)
+    def check(item: tuple[ChunkRef, str | None]) -> str | None:
+        ref, read_check = item
+        try:  # deep: BLAKE3 and the read check restore compares, so neither can disagree
+            chunks.verify(ref, deep=deep, check=read_check)
         except IntegrityError as exc:
             return str(exc)
         except NotFoundError:
             return f"missing chunk {ref.key(chunks.prefix)}"
         return None
 
-    def check_delta(piece) -> str | None:  # noqa: ANN001
+    def check_built(piece) -> str | None:  # noqa: ANN001
         try:
-            read_piece(chunks, piece, np.empty(piece.size, dtype=np.uint8))
+            out = np.empty(piece.size, dtype=np.uint8)
+            read_piece(chunks, piece, out)  # against the read check, when there is one
+            if piece.check is not None and not matches(out, piece.content_hash, piece.check, strong=True):
+                return f"piece of chunk {piece.ref.key(chunks.prefix)}: its recorded hash and read check disagree"
         except IntegrityError as exc:
             return str(exc)
         return None
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-ckpt-verify") as pool:
-        errors += [e for e in pool.map(check, sorted(refs, key=lambda r: r.hash)) if e]
+        errors += [e for e in pool.map(check, sorted(refs.items(), key=lambda r: r[0].hash)) if e]
         if deep and not errors:
-            errors += [e for e in pool.map(check_delta, deltas) if e]
+            errors += [e for e in pool.map(check_built, built) if e]
     return new_verify_record(manifest.step, deep, errors, len(refs), manifest_digest(manifest))
 
 
