@@ -170,3 +170,35 @@ def test_a_full_disk_while_copying_leaves_the_checkpoint_committed(breakable):
     got, reads = _restore(root)
     _same(got, 1)
     assert reads[0]["fallbacks"] == 3
+
+
+def _moments(step: int) -> dict:
+    """``m`` changes completely between steps but compresses (AdamW moments do the first, zeros
+    the second, more): its XOR delta against random bytes does not compress, so the incremental
+    stores the piece itself with the delta codec - a decode on restore, unless it has a copy."""
+    rng = np.random.default_rng(step)
+    m = rng.standard_normal(N).astype(np.float32) if step == 0 else np.zeros(N, dtype=np.float32)
+    return {"w": _state(step)["w"], "m": m, "step": step}
+
+
+def test_compressed_pieces_an_incremental_stored_itself_get_copies_too(tmp_path):
+    with CheckpointManager(str(tmp_path), "job", policy=INCR, options=SMALL) as mgr:
+        written = _events(mgr, "ready_copies_written")
+        mgr.save(0, _moments(0), blocking=True)
+        mgr.save(1, _moments(1), blocking=True)
+        pieces = mgr.manifest(1).tensors["m"].chunks
+    assert all(p.base is None and not p.same_as_base and p.ref.codec not in ("raw",) for p in pieces), pieces
+    assert written[0]["bytes"] == 2 * N * 4  # w's deltas and m's compressed pieces
+    with CheckpointManager(str(tmp_path), "job", options=SMALL) as mgr:
+        reads = _events(mgr, "restore_ready_copies")
+        got = mgr.restore()
+    assert got["m"].tobytes() == _moments(1)["m"].tobytes() and got["w"].tobytes() == _moments(1)["w"].tobytes()
+    assert reads[0]["pieces"] == 6 and reads[0]["fallbacks"] == 0
+    for f in _ready_files(tmp_path):  # a bad copy of a compressed piece falls back to decoding it
+        data = bytearray(f.read_bytes())
+        data[7] ^= 0x01
+        f.write_bytes(bytes(data))
+    with CheckpointManager(str(tmp_path), "job", options=SMALL) as mgr:
+        reads = _events(mgr, "restore_ready_copies")
+        got = mgr.restore()
+    assert got["m"].tobytes() == _moments(1)["m"].tobytes() and reads[0]["fallbacks"] == 6

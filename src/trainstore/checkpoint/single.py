@@ -20,7 +20,7 @@ from ..errors import TrainstoreError
 from .backend import SaveBackend, SaveContext
 from .format import layout, manifest as mf
 from .format.manifest import ChunkEntry, Manifest, TensorEntry
-from .format.ready import ReadyCopies, delta_pieces
+from .format.ready import ReadyCopies, ready_pieces
 from .format.state import flatten
 from .restore.reader import load_into, load_state
 from .save import lease, lossy
@@ -120,7 +120,7 @@ class SingleProcessBackend(SaveBackend):
     def _after_commit(self, m: Manifest, data: dict[str, memoryview]) -> None:
         """Restore-ready copies of an incremental's changed pieces (``checkpoint.format.ready``)."""
         self.ready.after_commit(m.step, m.kind, lambda: ((h, data[name][start:start + size])
-                                                         for name, h, start, size in delta_pieces(m)),
+                                                         for name, h, start, size in ready_pieces(m)),
                                 self.ctx.policy.ready_copies, self.ctx.notify)
 
     def lineage_changed(self) -> None:

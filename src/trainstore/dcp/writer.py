@@ -36,7 +36,7 @@ from torch.futures import Future
 
 from ..checkpoint.format import layout, manifest as mf
 from ..checkpoint.format.manifest import ChunkEntry, Manifest, TensorEntry
-from ..checkpoint.format.ready import entry_delta_pieces
+from ..checkpoint.format.ready import entry_ready_pieces
 from ..checkpoint.save import lease
 from ..checkpoint.save.staging import Stager
 from ..checkpoint.save.writer import WriteOptions, WriteStats, write_tensors
@@ -129,8 +129,9 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     checkpoint of the job before this step; a full one when there is none). ``metadata``:
     JSON fields stored in the manifest (``config``, ``metrics``, ``extra``...).
     ``cache_staged_state_dict``: reuse the host copy ``dcp.async_save`` stages into.
-    ``keep_delta_views``: remember views of this rank's XOR-delta pieces in the staged bytes
-    (``delta_views``), for the restore-ready copies the manager writes after the commit
+    ``keep_delta_views``: remember views of this rank's changed pieces a restore would rebuild
+    or decode (``delta_views``; ``ready.ready_piece``: XOR deltas, compressed pieces) in the
+    staged bytes, for the restore-ready copies the manager writes after the commit
     (``checkpoint.format.ready``); only where the staged bytes outlive the save (the manager's
     host copy), since the views keep them alive.
     """
@@ -155,7 +156,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.known = known if known is not None else KnownManifests()
         self._host_copy = Stager()  # stage()'s reusable host copy (cache_staged_state_dict)
         self.keep_delta_views = keep_delta_views
-        self.delta_views: list[tuple[str, memoryview]] = []  # (piece hash, raw bytes) of this rank's deltas
+        self.delta_views: list[tuple[str, memoryview]] = []  # (piece hash, raw bytes) of this rank's changed pieces
         self.is_coordinator = False
         self.rank = 0
         self.last_manifest: Manifest | None = None
@@ -302,7 +303,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                 self.base_cache.add(staged)  # type: ignore[union-attr]
             if self.keep_delta_views and lookup is not None:
                 self.delta_views += [(h, st.data[start:start + size]) for st in staged
-                                     for h, start, size in entry_delta_pieces(group_entries[st.name])]
+                                     for h, start, size in entry_ready_pieces(group_entries[st.name])]
             del keep, staged
         results = []
         for i, (item, info) in enumerate(pending):

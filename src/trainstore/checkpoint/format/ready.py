@@ -1,15 +1,20 @@
 """Restore-ready copies: the newest incremental's changed pieces, raw, in the local tier.
 
 An incremental checkpoint stores each changed piece as an XOR delta against its base full
-checkpoint, so restoring it reads the base, decodes the delta and XORs the two: on the GPT +
-AdamW state 0.59 s of CPU against 0.31 s for a full checkpoint (docs/benchmarks.md). Yet the
-newest checkpoint is the one a restart restores, and it is usually an incremental. So after an
-incremental is committed, the saver (which still holds the staged bytes) writes the raw bytes
-of every delta piece to the store's local tier (a ``LocalStore``, or a tiered store's hot
-tier) under ``ready/<job>/<step>/<piece hash>.raw``; a restore of that step reads each copy
-like a raw piece of a full checkpoint (straight into the destination, hashed as it is read)
-and falls back to the delta, silently and correctly, when a copy is missing or does not match
-its hash. Unchanged pieces need no copy: they are the base's own chunks.
+checkpoint, or - where the delta compresses no better, as with AdamW moments that change
+completely - as the piece itself compressed with the delta codec (zstd). Restoring it reads the
+base, decodes the delta and XORs the two, or decodes the piece: on the GPT + AdamW state 0.59 s
+of CPU against 0.31 s for a full checkpoint (docs/benchmarks.md). Yet the newest checkpoint is
+the one a restart restores, and it is usually an incremental. So after an incremental is
+committed, the saver (which still holds the staged bytes) writes the raw bytes of every piece
+a restore would have to rebuild or decode (``ready_piece``: deltas, and the compressed pieces
+the incremental wrote itself) to the store's local tier (a ``LocalStore``, or a tiered store's
+hot tier) under ``ready/<job>/<step>/<piece hash>.raw``; a restore of that step reads each copy
+like a raw piece of a full checkpoint (straight into the destination, checked as it is read)
+and falls back to the stored piece, silently and correctly, when a copy is missing or does not
+match. Unchanged pieces need no copy: they are the base's own chunks; nor do raw ones, which
+are read like a copy already, nor lossy ones (their restore is what the codec decodes, not
+the bytes the saver holds).
 
 The copies are a cache, not part of any checkpoint: no manifest names them, so GC, tiering,
 peer protection, verification and exports never see them, and losing them (a new node, a
@@ -28,10 +33,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from ...codecs import LOSSY_CODECS
 from ...errors import NotFoundError, TrainstoreError
 from ...store.base import Buffer, Store
 from .layout import STEP_DIGITS, check_job
-from .manifest import Manifest, TensorEntry
+from .manifest import ChunkEntry, Manifest, TensorEntry
 
 log = logging.getLogger("trainstore.checkpoint.format.ready")
 
@@ -54,19 +60,27 @@ def local_tier(store: Store) -> Store | None:
     return fast if fast.capabilities.local else None
 
 
-def entry_delta_pieces(entry: TensorEntry) -> Iterable[tuple[str, int, int]]:
-    """(piece hash, start byte, size) of every XOR-delta piece of one tensor."""
+def ready_piece(piece: ChunkEntry) -> bool:
+    """Whether a restore of an incremental would rebuild or decode ``piece`` (so a raw copy
+    saves it the work): an XOR delta, or a compressed piece the incremental stored itself."""
+    if piece.is_delta:
+        return bool(piece.content_hash)
+    return not (piece.same_as_base or piece.is_packed or piece.ref.codec == "raw" or piece.ref.codec in LOSSY_CODECS)
+
+
+def entry_ready_pieces(entry: TensorEntry) -> Iterable[tuple[str, int, int]]:
+    """(piece hash, start byte, size) of every piece of one tensor that gets a copy."""
     start = 0
     for piece in entry.chunks:
-        if piece.is_delta and piece.content_hash:
-            yield piece.content_hash, start, piece.size
+        if ready_piece(piece):
+            yield piece.logical_hash(), start, piece.size
         start += piece.size
 
 
-def delta_pieces(manifest: Manifest) -> Iterable[tuple[str, str, int, int]]:
-    """(tensor, piece hash, start byte, size) of every XOR-delta piece of ``manifest``."""
+def ready_pieces(manifest: Manifest) -> Iterable[tuple[str, str, int, int]]:
+    """(tensor, piece hash, start byte, size) of every piece of ``manifest`` that gets a copy."""
     for name, entry in manifest.tensors.items():
-        for h, start, size in entry_delta_pieces(entry):
+        for h, start, size in entry_ready_pieces(entry):
             yield name, h, start, size
 
 
@@ -74,11 +88,11 @@ def delta_pieces(manifest: Manifest) -> Iterable[tuple[str, str, int, int]]:
 class ReadyReads:
     """What one restore got from restore-ready copies (filled by reader threads)."""
 
-    #: the local file that may hold a piece, by its hash (``None``: read the delta)
+    #: the local file that may hold a piece, by its hash (``None``: read the stored piece)
     path: Callable[[str], str | None]
     used: int = 0  # pieces read from a copy
     used_bytes: int = 0
-    fallbacks: int = 0  # pieces whose copy was missing or bad: read through the delta
+    fallbacks: int = 0  # pieces whose copy was missing or bad: read as stored
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -122,7 +136,7 @@ class ReadyCopies:
                 f.cancel()
             wait(futures)
             log.warning("restore-ready copies of step %d (job %r) not written, the step restores through its "
-                        "deltas: %s", step, self.job, exc)
+                        "stored pieces: %s", step, self.job, exc)
             self.prune(keep=None)
             return 0
         return written
@@ -130,7 +144,7 @@ class ReadyCopies:
     def after_commit(self, step: int, kind: str, pieces: Callable[[], Iterable[tuple[str, Buffer]]],
                      enabled: bool, notify: Callable[..., None]) -> None:
         """A save committed ``step``: write its copies when it is an incremental (``pieces``:
-        its delta pieces' ``(hash, raw bytes)``) and drop every other step's (best effort)."""
+        its ``ready_pieces``' ``(hash, raw bytes)``) and drop every other step's (best effort)."""
         if not self.writable:
             return
         if kind == "incremental" and enabled:
@@ -183,4 +197,5 @@ class ReadyCopies:
                    fallbacks=reads.fallbacks)
 
 
-__all__ = ["READY_PREFIX", "ReadyCopies", "ReadyReads", "delta_pieces", "entry_delta_pieces", "local_tier", "ready_key", "ready_prefix"]
+__all__ = ["READY_PREFIX", "ReadyCopies", "ReadyReads", "entry_ready_pieces", "local_tier", "ready_key", "ready_piece",
+           "ready_pieces", "ready_prefix"]

@@ -45,7 +45,7 @@ from ...hostmem import HUGE_PAGE, empty_array, empty_tensor
 from ..format.delta import DeltaApply, scratch, xor_into
 from ..format.manifest import Manifest, TensorEntry
 from ..format.packs import PackRead, group_packed, read_pack
-from ..format.ready import ReadyReads
+from ..format.ready import ReadyReads, ready_piece
 from ..format.state import (
     PARTIAL_KEY,
     flatten,
@@ -100,13 +100,15 @@ def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray, ready: 
     inputs at once (one hash pass instead of three); only on a mismatch are the two chunks
     checked separately, to name the corrupt one. The delta is decoded into a per-thread
     buffer first; the base is then read straight into ``out`` and each block XORed and
-    hashed as it lands (``DeltaApply``). A delta piece with a restore-ready copy (``ready``)
-    is read from it instead, like a raw piece; a missing or bad copy falls back to the delta."""
+    hashed as it lands (``DeltaApply``). A delta or compressed piece with a restore-ready copy
+    (``ready``) is read from it instead, like a raw piece; a missing or bad copy falls back to
+    the stored piece."""
     view = memoryview(out)
     if entry.ref.size != view.nbytes:
         raise ManifestError(f"chunk {entry.ref.hash[:12]} is {entry.ref.size} bytes, its slot {view.nbytes}")
     if entry.base is None:
-        _get_into(chunks, entry.ref, view, check=entry.check)
+        if ready is None or not ready_piece(entry) or not _read_ready(chunks, entry, view, ready):
+            _get_into(chunks, entry.ref, view, check=entry.check)
         return
     if entry.base.size != view.nbytes:
         raise ManifestError(f"base chunk {entry.base.hash[:12]} is {entry.base.size} bytes, its slot {view.nbytes}")
@@ -128,12 +130,13 @@ def _read_piece_checked(chunks: ChunkStore, entry: Any, out: np.ndarray, ready: 
 
 
 def _read_ready(chunks: ChunkStore, entry: Any, view: memoryview, ready: ReadyReads) -> bool:
-    """Read a delta piece from its restore-ready copy (checked against the piece's hash as it
-    is read); False when there is none or it is bad (``out`` is then rewritten whole)."""
-    path = ready.path(entry.content_hash)
+    """Read a piece from its restore-ready copy (checked as it is read, against the piece's
+    read check or hash); False when there is none or it is bad (``out`` is then rewritten whole)."""
+    h = entry.logical_hash()
+    path = ready.path(h)
     if path is None:
         return False
-    ref = ChunkRef(entry.content_hash, "raw", view.nbytes, view.nbytes, entry.ref.itemsize)
+    ref = ChunkRef(h, "raw", view.nbytes, view.nbytes, entry.ref.itemsize)
     try:
         read_local(chunks, ref, view, True, path, check=entry.check)
     except (NotFoundError, IntegrityError, StoreError):
