@@ -124,9 +124,7 @@ class CheckpointManager:
              blocking: bool = False, kind: str | None = None, extra: dict | None = None) -> SaveHandle:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied to host buffers."""
         t0 = time.perf_counter()
-        # the caller's part of a save is one paused phase (gcpause): a gap between its checks and
-        # its staging let an owed collection run on the caller's thread; only a wait is outside
-        with gc_paused():
+        with gc_paused():  # checks + staging: one paused phase (gcpause); only a wait is outside
             admitted = self._admit(step, state, kind)
             if isinstance(admitted, SaveHandle):
                 return admitted  # skipped
@@ -293,9 +291,7 @@ class CheckpointManager:
         if self._closed:
             return
         try:
-            self._wait_inflight()
-            self._saves.settle_followups()
-            self._saves.raise_queued()
+            self.wait()
         finally:
             self._closed = True
             self._executor.shutdown(wait=True)
