@@ -10,7 +10,8 @@ variants fault in every destination page before the clock starts: the difference
 first-touch cost; ``dropped`` variants drop the chunk files from the page cache first (a
 restore after the cache lost them: raw pieces then come with ``O_DIRECT``; evicted with
 ``pagecache.evict``); ``VARIANT@N`` restores with N read threads (default 4), ``VARIANT/M``
-reads and hashes raw chunks in blocks of M MiB (``chunkread.READ_BLOCK``, default 1).
+reads and hashes raw chunks in blocks of M MiB (``chunkread.READ_BLOCK``, default 1),
+``VARIANT:buffered`` reads raw chunks through the page cache (``chunkread.USE_DIRECT`` off).
 ``torch_load`` is the same-sized torch file, for comparison (``torch_load_dropped``: that file
 evicted first). An unknown variant is refused before anything runs.
 
@@ -70,8 +71,8 @@ def _instrument(pretouch: bool) -> None:
     for mod, attr, name in [(chunkread, "pread_into", "read (preadv)"),
                             (chunkread, "decode", "decode (whole)"),
                             (codecs_bytegroup, "decode_frame_into", "decode: zstd frames"),
-                            (chunkread, "content_hash", "hash (blake3)"),
-                            (reader, "content_hash", "hash (blake3)"),
+                            (chunkread, "matches", "hash (whole piece)"),
+                            (reader, "matches", "hash (whole piece)"),
                             (reader, "xor_into", "xor"),
                             (reader, "_get_into", "get_into (whole)"),
                             (reader, "empty_tensor", "allocate")]:
@@ -87,18 +88,23 @@ def _instrument(pretouch: bool) -> None:
         reader.empty_tensor = touched
 
 
-def parse_variant(v: str) -> tuple[str, int, int]:
-    """``NAME[@THREADS][/BLOCK_MIB]`` -> (name, read threads, read block bytes); defaults 4 and
-    ``chunkread.READ_BLOCK``. Raises ValueError for an unknown name or options on torch.load."""
+def parse_variant(v: str) -> tuple[str, int, int, bool]:
+    """``NAME[@THREADS][/BLOCK_MIB][:buffered]`` -> (name, read threads, read block bytes,
+    ``O_DIRECT`` allowed); defaults 4, ``chunkread.READ_BLOCK`` and ``chunkread.USE_DIRECT``
+    (``:buffered``: raw pieces through the page cache). Raises ValueError for an unknown name
+    or options on torch.load."""
+    v, _, mode = v.partition(":")
     head, _, block = v.partition("/")
     name, _, workers = head.partition("@")
-    if name not in VARIANTS or (name.startswith("torch_load") and (workers or block)):
+    if (name not in VARIANTS or mode not in ("", "buffered")
+            or (name.startswith("torch_load") and (workers or block or mode))):
         raise ValueError(v)
-    return name, int(workers or 4), int(block) << 20 if block else chunkread.READ_BLOCK
+    return (name, int(workers or 4), int(block) << 20 if block else chunkread.READ_BLOCK,
+            chunkread.USE_DIRECT and mode != "buffered")
 
 
 def child(variant: str, work: str) -> dict:
-    variant, workers, chunkread.READ_BLOCK = parse_variant(variant)
+    variant, workers, chunkread.READ_BLOCK, chunkread.USE_DIRECT = parse_variant(variant)
     if variant.endswith("dropped"):
         evict(files_under(os.path.join(work, "state.pt" if variant.startswith("torch_load") else "ts")))
     t, cpu = time.perf_counter(), time.process_time()
@@ -157,7 +163,7 @@ def main() -> None:
             unknown.append(v)
     if unknown:
         ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)} "
-                 "(trainstore ones take @THREADS and /BLOCK_MIB)")
+                 "(trainstore ones take @THREADS, /BLOCK_MIB and :buffered)")
     work = args.keep or tempfile.mkdtemp(prefix="ts-restore-prof-")
     try:
         if not os.path.exists(os.path.join(work, "state.pt")):

@@ -161,7 +161,7 @@ def _write(store, obj: dict, step: int) -> None:
     store.put(mf.manifest_key(JOB, step), json.dumps(mf.with_checksum(obj), separators=(",", ":")).encode())
 
 
-def _chunk_file(tmp_path, store, ref) -> str:
+def _chunk_file(store, ref) -> str:
     path = store.local_path(ref.key("chunks"))
     assert path is not None and os.path.exists(path)
     return path
@@ -192,7 +192,7 @@ def test_a_flipped_byte_is_caught_by_the_read_check(tmp_path, which):
     else:
         step, ref = 1, next(p.ref for n, p in p1 if n == "small")
     assert ref.codec != "raw" or which != "compressed"
-    _flip(_chunk_file(tmp_path, store, ref))
+    _flip(_chunk_file(store, ref))
     with _manager(store) as mgr:
         with pytest.raises(IntegrityError, match=ref.hash[:12]):
             mgr.restore(step)  # the step asked: no fallback to an older one
@@ -213,19 +213,21 @@ def test_a_flipped_byte_in_a_restore_ready_copy_falls_back_to_the_delta(tmp_path
     np.testing.assert_array_equal(got["w"], _state(1.0001)["w"])
 
 
-def test_a_wrong_read_check_fails_restore_and_deep_verify_names_it(tmp_path):
+@pytest.mark.parametrize("tensor, key", [("w", "ref"), ("small", "pack")])
+def test_a_wrong_read_check_fails_restore_and_deep_verify_names_it(tmp_path, tensor, key):
     """The chunk is intact but the manifest's check disagrees with it (a writer bug, or a
-    manifest edited by hand): restore refuses the step, a deep verify reports it."""
+    manifest edited by hand): restore refuses the step, a deep verify reports it - for a
+    plain piece (its chunk's scrub) and a packed one (its pack read once, members checked)."""
     store = _saved(tmp_path)
     obj = json.loads(bytes(store.get(mf.manifest_key(JOB, 1))))
-    entry = obj["tensors"]["w"]["chunks"][0]
+    entry = obj["tensors"][tensor]["chunks"][0]
     entry["check"] = "0" * 32
     _write(store, obj, 1)
     with _manager(store) as mgr:
-        with pytest.raises(IntegrityError, match=entry["ref"][0][:12]):
+        with pytest.raises(IntegrityError, match=entry[key][0][:12]):
             mgr.restore(1)
         rec = mgr.verify(1, deep=True)[0]
-    assert not rec.ok and any(entry["ref"][0][:12] in e for e in rec.errors), rec.errors
+    assert not rec.ok and any(entry[key][0][:12] in e for e in rec.errors), rec.errors
 
 
 @pytest.mark.parametrize("bad", ["", "XYZ", "0" * 31, "A" * 32, 12, ["0" * 32], "0" * 64])

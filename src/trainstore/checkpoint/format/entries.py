@@ -5,7 +5,7 @@ re-exports both classes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...chunks import HASH_HEX_LEN, ChunkRef
@@ -76,7 +76,7 @@ class ChunkEntry:
             return entry
         if not is_check(check):
             raise ManifestError(f"chunk entry of {entry.ref.hash[:12]} has a malformed read check {check!r:.80}")
-        return cls(entry.ref, entry.base, entry.content_hash, entry.same_as_base, entry.span, check)
+        return replace(entry, check=check)
 
     @classmethod
     def _from_json(cls, obj: dict) -> ChunkEntry:

@@ -35,6 +35,7 @@ from ..format.manifest import (
     new_verify_record,
     write_verify_record,
 )
+from ..format.packs import PackRead, group_packed
 from .reader import read_piece
 
 log = logging.getLogger("trainstore.checkpoint")
@@ -59,15 +60,19 @@ def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, w
         except (IntegrityError, NotFoundError) as exc:
             errors.append(f"base step {manifest.base_step}: {exc}")
     refs: dict[ChunkRef, str | None] = {}  # chunk -> the read check its plain pieces record
-    built = []  # pieces that are not a chunk's bytes as stored: deltas, packed pieces
+    deltas, packed = [], []  # pieces that are not a chunk's bytes as stored
     for t in manifest.tensors.values():
         for piece in t.chunks:
             for ref in piece.refs():
                 refs.setdefault(ref, None)
-            if piece.base is not None or piece.span is not None:
-                built.append(piece)
+            if piece.base is not None:
+                deltas.append(piece)
+            elif piece.span is not None:
+                packed.append(piece)
             elif piece.check is not None:
                 refs[piece.ref] = piece.check
+    # a pack's members are read together (one read of the pack, as a restore does)
+    built = deltas + [group for group, _dsts in group_packed([(p, None) for p in packed])]
 
     def check(item: tuple[ChunkRef, str | None]) -> str | None:
         ref, read_check = item
@@ -79,14 +84,16 @@ def verify_manifest(chunks: ChunkStore, manifest: Manifest, deep: bool = True, w
             return f"missing chunk {ref.key(chunks.prefix)}"
         return None
 
-    def check_built(piece) -> str | None:  # noqa: ANN001
-        try:
-            out = np.empty(piece.size, dtype=np.uint8)
-            read_piece(chunks, piece, out)  # against the read check, when there is one
-            if piece.check is not None and not matches(out, piece.content_hash, piece.check, strong=True):
-                return f"piece of chunk {piece.ref.key(chunks.prefix)}: its recorded hash and read check disagree"
+    def check_built(piece) -> str | None:  # noqa: ANN001 - a delta piece or a PackRead
+        members = piece.members if isinstance(piece, PackRead) else (piece,)
+        outs = [np.empty(m.size, dtype=np.uint8) for m in members]
+        try:  # against the read checks, when there are some ...
+            read_piece(chunks, piece, outs if isinstance(piece, PackRead) else outs[0])
         except IntegrityError as exc:
             return str(exc)
+        for m, out in zip(members, outs):  # ... and the recorded hashes: the two must agree
+            if m.check is not None and not matches(out, m.content_hash or "", m.check, strong=True):
+                return f"piece of chunk {m.ref.key(chunks.prefix)}: its recorded hash and read check disagree"
         return None
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainstore-ckpt-verify") as pool:
