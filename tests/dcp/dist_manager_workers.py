@@ -82,7 +82,8 @@ def scenarios(root: str) -> list:
             ("manager_failure", manager_failure, {"root": root}),
             ("manager_fsdp2", manager_fsdp2, {"root": root}),
             ("manager_corrupt", manager_corrupt, {"root": root}),
-            ("manager_busy_wait", manager_busy_wait, {"root": root})]
+            ("manager_busy_wait", manager_busy_wait, {"root": root}),
+            ("manager_handle_at_commit", manager_handle_at_commit, {"root": root})]
 
 
 def manager_fsdp2(rank: int, world: int, args: dict) -> dict:
@@ -172,3 +173,33 @@ def manager_busy_wait(rank: int, world: int, args: dict) -> dict:
     finally:
         DcpBackend.agree_busy = real  # type: ignore[method-assign]
     return {"agreed": agreed, "steps": steps}
+
+
+def manager_handle_at_commit(rank: int, world: int, args: dict) -> dict:
+    """The handle of an incremental resolves on every rank when dcp.save has committed it,
+    while the rank's restore-ready copies and the coordinator's hooks are still held."""
+    import threading
+    import time
+
+    release = threading.Event()
+    held: list = []
+
+    def hold(*_args) -> None:  # noqa: ANN002
+        held.append(time.perf_counter())
+        release.wait(6.0)
+
+    mgr = CheckpointManager(args["root"], "atcommit", CheckpointPolicy(full_every=10, incremental_every=5),
+                            options=SMALL, hooks=[lambda info, m: hold() if info.step == 15 else None])
+    mgr.observers.append(lambda event, fields: hold() if event == "ready_copies_written" else None)
+    mgr.save(10, make_state(world), blocking=True)
+    h = mgr.save(15, make_state(world, bump=1e-3))
+    t0 = time.perf_counter()
+    info = h.wait()
+    waited = time.perf_counter() - t0
+    pending = mgr.pending()
+    release.set()
+    mgr.wait()
+    steps = [i.step for i in mgr.list()]
+    mgr.close()
+    return {"waited": waited, "step": info.step, "kind": info.kind, "pending": pending, "held": len(held),
+            "steps": steps}

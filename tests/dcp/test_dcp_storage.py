@@ -219,3 +219,14 @@ def test_manager_on_busy_wait_needs_no_collective_on_the_training_thread(jobs):
     _, _, two = jobs
     for v in scenario(two, "manager_busy_wait"):
         assert v["agreed"] == [] and v["steps"] == [10, 15], v
+
+
+def test_manager_handle_resolves_at_the_commit_on_every_rank(jobs):
+    """Durable is the commit: the handle does not wait for the work after it (restore-ready
+    copies on every rank, hooks on the coordinator), which the ranks hold for 6 s here."""
+    _, _, two = jobs
+    vals = scenario(two, "manager_handle_at_commit")
+    for v in vals:
+        assert v["step"] == 15 and v["kind"] == "incremental" and v["steps"] == [10, 15], v
+        assert v["waited"] < 3.0 and v["pending"] == 15, v
+    assert [v["held"] for v in vals] == [2, 1]  # copies on both ranks, the hook on rank 0

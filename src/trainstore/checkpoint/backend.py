@@ -22,11 +22,18 @@ Call order of one ``save(step, state)`` (every rank runs the same calls, in this
                                                              (after the previous save finished)
  4    ``stage(state)`` -> staged            caller           host copy: the only part on the
                                                              training loop's clock
- 5    ``write(step, kind, staged, meta)``   save thread      chunks, lease, manifest committed
-      -> ``CheckpointInfo``                 (one at a time)  last; releases ``staged``; raises on
-                                                             failure (the manager records it)
+ 5    ``write(step, kind, staged, meta,     save thread      chunks, lease, manifest committed
+      committed)`` -> ``CheckpointInfo``    (one at a time)  last; then ``committed(info)`` (the
+                                                             save's handle resolves: durable),
+                                                             then work after the commit that
+                                                             reads ``staged`` (restore-ready
+                                                             copies); releases ``staged``; raises
+                                                             on failure (the manager records it)
  6    hooks(info, manager)                  save thread      by the manager, where ``runs_hooks``
 ====  ====================================  ===============  ========================================
+
+The next save stages after 5 and 6 are done (it may reuse ``staged``'s buffers); the caller
+waiting for the checkpoint to be durable waits only for the commit.
 
 ``load(manifest, into)`` runs on the caller thread of ``restore``/``restore_into`` (every
 rank, collectively when ``collective``; the manager first waits for its in-flight save, so
@@ -102,8 +109,10 @@ class SaveBackend(abc.ABC):
         """Caller thread: copy ``state`` to host buffers the save thread then reads."""
 
     @abc.abstractmethod
-    def write(self, step: int, kind: str, staged: Any, metadata: dict) -> CheckpointInfo:
-        """Save thread: write ``staged`` as ``step`` and commit its manifest last."""
+    def write(self, step: int, kind: str, staged: Any, metadata: dict,
+              committed: Callable[[CheckpointInfo], None]) -> CheckpointInfo:
+        """Save thread: write ``staged`` as ``step``, commit its manifest last, call
+        ``committed`` with the checkpoint at once, then do the work after the commit."""
 
     @abc.abstractmethod
     def load(self, manifest: Manifest, into: Any, scratch_bytes: int) -> Any:

@@ -56,7 +56,7 @@ from .restore.select import Selection
 from .restore.verify import verify_steps
 from .save import exit as exit_hooks
 from .save.failures import SaveErrorPolicy, SaveFailures
-from .save.inflight import InflightSaves
+from .save.inflight import CommitPoint, InflightSaves
 from .save.writer import WriteOptions, lower_thread_priority
 from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle
 
@@ -173,10 +173,11 @@ class CheckpointManager:
         staged = backend.stage(state)
         blocked = time.perf_counter() - t0
         ticket = self._lineage.saved(step)
-        fut = self._executor.submit(self._write, backend, step, kind, staged, metadata, ticket)
-        self._saves.start(step, fut)
+        commit = CommitPoint()  # what the handle waits for
+        fut = self._executor.submit(self._write, backend, step, kind, staged, metadata, ticket, commit)
+        self._saves.start(step, fut)  # the save thread's whole work: the next save waits for it
         self._notify("save_staged", step=step, kind=kind, blocked_s=blocked)
-        return SaveHandle(step, kind, fut, blocked_s=blocked)
+        return SaveHandle(step, kind, commit.future, blocked_s=blocked)
 
     @property
     def run(self) -> str:
@@ -224,13 +225,19 @@ class CheckpointManager:
         return found
 
     def _write(self, backend: SaveBackend, step: int, kind: str, staged: Any, metadata: dict,
-               ticket: tuple[bool, int | None]) -> CheckpointInfo:
-        """The save thread: the lineage check, the backend writes and commits; then the hooks run."""
+               ticket: tuple[bool, int | None], commit: CommitPoint) -> CheckpointInfo:
+        """The save thread: the lineage check, the backend writes and commits (``commit``
+        resolves there: the handle's durable point); then the work after the commit and the hooks."""
         try:
             parent = self._follow_lineage(step, backend, ticket)
             metadata = {**metadata, lineage.RUN_FIELD: self.run, lineage.PARENT_FIELD: parent}
-            info = backend.write(step, kind, staged, metadata)
+            info = commit.resolve(backend.write(step, kind, staged, metadata, commit.resolve))
         except BaseException as exc:
+            if commit.fail(exc):  # after the commit (best-effort work): the checkpoint stands
+                log.error("work after the commit of checkpoint step %d (job %r) failed: %s", step, self.job, exc)
+                if not backend.collective:  # (a collective one: see _run_hooks)
+                    self._saves.fail(exc, step)
+                raise
             self.failures.failed(step, kind, exc)
             tolerated = self.failures.policy.tolerates
             if not tolerated:

@@ -64,7 +64,7 @@ class SingleProcessBackend(SaveBackend):
         return skeleton, staged, arena  # the live tensors may change from here on
 
     def write(self, step: int, kind: str, staged: tuple[Any, list[StagedTensor], Arena],
-              metadata: dict) -> CheckpointInfo:
+              metadata: dict, committed: Callable[[CheckpointInfo], None]) -> CheckpointInfo:
         ctx = self.ctx
         skeleton, tensors, arena = staged
         keep_arena = False
@@ -96,6 +96,8 @@ class SingleProcessBackend(SaveBackend):
                        since_created=time.time() - float(metadata["created"]), logical_bytes=stats.logical_bytes,
                        stored_bytes=stats.stored_bytes, written_bytes=stats.written_bytes, pieces=stats.pieces,
                        same_as_base=stats.same_as_base, deltas=stats.deltas)
+            info = CheckpointInfo.from_manifest(m, durable=len(ctx.store.tiers()) == 1)  # tiered: copy pending
+            committed(info)
             self._after_commit(m, {t.name: t.data for t in tensors})
             if kind == "full":
                 if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every:
@@ -103,7 +105,7 @@ class SingleProcessBackend(SaveBackend):
                     keep_arena = True
                 else:
                     self._set_base(m, None, None)
-            return CheckpointInfo.from_manifest(m, durable=len(ctx.store.tiers()) == 1)  # tiered: copy pending
+            return info
         finally:
             if not keep_arena:
                 self.stager.release(arena)

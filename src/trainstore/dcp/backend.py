@@ -17,6 +17,7 @@ only. Loading runs ``dcp.load`` (with the process group when distributed).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -106,7 +107,8 @@ class DcpBackend(SaveBackend):
     def stage(self, state: Any) -> dict:
         return self.stager.stage_state_dict(state)
 
-    def write(self, step: int, kind: str, staged: dict, metadata: dict) -> CheckpointInfo:
+    def write(self, step: int, kind: str, staged: dict, metadata: dict,
+              committed: Callable[[CheckpointInfo], None]) -> CheckpointInfo:
         ctx = self.ctx
         group = self._group()
         writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
@@ -125,6 +127,7 @@ class DcpBackend(SaveBackend):
         self._coordinator = writer.is_coordinator
         if writer.last_manifest is None:
             self.known.committed(info.step, info.kind)
+        committed(info)  # durable on every rank once dcp.save returned (the coordinator's commit)
         # every rank: restore-ready copies of its own delta pieces on its node's local tier
         views, writer.delta_views = writer.delta_views, []
         self.ready.after_commit(step, info.kind, lambda: views, ctx.policy.ready_copies, ctx.notify)
