@@ -56,9 +56,9 @@ from .restore.select import Selection
 from .restore.verify import verify_steps
 from .save import exit as exit_hooks
 from .save.failures import SaveErrorPolicy, SaveFailures
-from .save.inflight import CommitPoint, InflightSaves
+from .save.inflight import InflightSaves
 from .save.writer import WriteOptions, lower_thread_priority
-from .types import CheckpointInfo, CheckpointPolicy, RestoreResult, SaveHandle
+from .types import CheckpointInfo, CheckpointPolicy, CommitPoint, RestoreResult, SaveHandle
 
 log = logging.getLogger("trainstore.checkpoint")
 

@@ -136,6 +136,29 @@ class RestoreResult:
         return s
 
 
+class CommitPoint:
+    """The durable point of one save: ``future`` (its handle's) resolves when the manifest is
+    committed, or fails when the save fails before that; the work after the commit (restore-
+    ready copies, hooks) does not hold it."""
+
+    def __init__(self) -> None:
+        self.future: Future[CheckpointInfo] = Future()
+
+    def resolve(self, info: CheckpointInfo) -> CheckpointInfo:
+        """The save committed ``info`` (the first call counts)."""
+        if not self.future.done():
+            self.future.set_result(info)
+        return info
+
+    def fail(self, exc: BaseException) -> bool:
+        """The save failed with ``exc``: True if it had committed already (the failure is in the
+        work after the commit; the checkpoint stands), else the handle raises ``exc``."""
+        if self.future.done():
+            return True
+        self.future.set_exception(exc)
+        return False
+
+
 class SaveHandle:
     """A save in flight: ``wait()`` blocks until durable (raising its error), ``done()`` polls."""
 
@@ -164,4 +187,4 @@ class SaveHandle:
         return f"SaveHandle(step={self.step}, kind={self.kind!r}, {state})"
 
 
-__all__ = ["CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle", "ON_BUSY"]
+__all__ = ["CommitPoint", "CheckpointPolicy", "CheckpointInfo", "RestoreResult", "SaveHandle", "ON_BUSY"]

@@ -12,31 +12,7 @@ import threading
 from concurrent.futures import Future
 
 from ...errors import BackgroundError
-from ..types import CheckpointInfo
 from .failures import SWITCH_HINT
-
-
-class CommitPoint:
-    """The durable point of one save: ``future`` (its handle's) resolves when the manifest is
-    committed, or fails when the save fails before that; the work after the commit (restore-
-    ready copies, hooks) does not hold it."""
-
-    def __init__(self) -> None:
-        self.future: Future[CheckpointInfo] = Future()
-
-    def resolve(self, info: CheckpointInfo) -> CheckpointInfo:
-        """The save committed ``info`` (the first call counts)."""
-        if not self.future.done():
-            self.future.set_result(info)
-        return info
-
-    def fail(self, exc: BaseException) -> bool:
-        """The save failed with ``exc``: True if it had committed already (the failure is in the
-        work after the commit; the checkpoint stands), else the handle raises ``exc``."""
-        if self.future.done():
-            return True
-        self.future.set_exception(exc)
-        return False
 
 
 class InflightSaves:
@@ -111,4 +87,4 @@ class InflightSaves:
                                   f"{cause}") from cause
 
 
-__all__ = ["CommitPoint", "InflightSaves"]
+__all__ = ["InflightSaves"]
