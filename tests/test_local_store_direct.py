@@ -183,3 +183,27 @@ def test_checkpoint_round_trip_writes_raw_pieces_direct_and_compressed_ones_buff
             assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
             assert torch.equal(got[name].view(torch.uint8), want.view(torch.uint8)), name
         assert all(r.ok for r in mgr.verify(1, deep=True))
+
+
+def test_raw_xor_deltas_of_an_incremental_bypass_the_page_cache(tmp_path) -> None:
+    """An incremental's raw XOR deltas come from the per-thread scratch buffer: it is 4 KiB
+    aligned, so they are written with O_DIRECT like a full save's raw pieces (they were
+    written through the page cache, at about half the speed on this VM, before)."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(3 << 20, generator=g)  # 12 MiB: pieces of 8 + 4 MiB
+    root = tmp_path / "ckpt"
+    store = LocalStore(root)
+    opts = WriteOptions(pack_below=0, codec="raw", delta_codec="raw")
+    with CheckpointManager(store, job="j", policy=CheckpointPolicy(full_every=10, incremental_every=1),
+                           options=opts) as mgr:
+        mgr.save(1, {"w": w}, blocking=True)
+        w2 = w + torch.randn(w.shape, generator=g) * 1e-3
+        mgr.save(2, {"w": w2}, blocking=True)
+        manifest = mgr.manifest(2)
+        deltas = [c for c in manifest.tensors["w"].chunks if c.base is not None]
+        assert len(deltas) == 2 and all(c.ref.codec == "raw" for c in deltas), manifest.tensors["w"].chunks
+        for c in deltas:
+            path = os.path.join(root, c.ref.key())
+            assert cached_bytes(path) == 0, (c.ref, cached_bytes(path))
+        got = mgr.restore(2)
+        assert torch.equal(got["w"].view(torch.uint8), w2.view(torch.uint8))

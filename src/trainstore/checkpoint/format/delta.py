@@ -33,6 +33,7 @@ import numpy as np
 from ...chunks import ChunkRef, ChunkStore, content_hash
 from ...codecs import encode
 from ...digests import Hasher, digests, hasher
+from ...hostmem import empty_array
 from .manifest import ChunkEntry
 from .packs import build_pack
 
@@ -54,10 +55,13 @@ _scratch = threading.local()
 
 
 def scratch(n: int) -> np.ndarray:
-    """A per-thread reusable uint8 buffer of at least ``n`` bytes (touched once)."""
+    """A per-thread reusable uint8 buffer of at least ``n`` bytes, touched once and 4 KiB
+    aligned: a raw XOR delta written from it goes to a local disk with ``O_DIRECT``
+    (``fileio.direct_eligible``), not through the page cache."""
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.nbytes < n:
-        buf = np.zeros(max(n, 1), dtype=np.uint8)
+        buf = empty_array((max(n, 1),), np.uint8, huge_pages=False)
+        buf.fill(0)
         _scratch.buf = buf
     return buf[:n]
 
