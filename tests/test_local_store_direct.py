@@ -17,6 +17,7 @@ import torch
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy
 from trainstore.checkpoint.save.writer import WriteOptions
+from trainstore.fileio import BOUNCE_BYTES
 from trainstore.hostmem import HostBuffer
 from trainstore.store import local as local_mod
 from trainstore.store.local import TEMP_PREFIX, LocalStore
@@ -61,14 +62,15 @@ def test_large_aligned_put_bypasses_the_page_cache_and_is_exact(tmp_path) -> Non
     assert store.get("a/big2") == data[PAGE:PAGE + (2 << 20)].tobytes()
 
 
-def test_unaligned_small_or_opted_out_writes_stay_buffered(tmp_path) -> None:
+def test_small_or_opted_out_writes_stay_buffered(tmp_path) -> None:
     data = aligned_data()
     store = LocalStore(tmp_path / "s")
-    store.put("unaligned", data[64:])  # not 4 KiB-aligned: buffered
     store.put("small", data[: 64 << 10])  # under DIRECT_MIN_BYTES: buffered
+    store.put("small_unaligned", data[64:(1 << 20) + 63])  # one byte short of DIRECT_MIN_BYTES
     off = LocalStore(tmp_path / "o", direct_io=False)
     off.put("big", data)
-    for st, key, want in ((store, "unaligned", data[64:]), (store, "small", data[: 64 << 10]), (off, "big", data)):
+    for st, key, want in ((store, "small", data[: 64 << 10]), (store, "small_unaligned", data[64:(1 << 20) + 63]),
+                          (off, "big", data)):
         assert cached_bytes(st.local_path(key)) >= want.nbytes // PAGE * PAGE
         assert st.get(key) == want.tobytes()
 
@@ -151,33 +153,56 @@ def test_failing_direct_write_leaves_nothing_visible(tmp_path) -> None:
     assert not any(name.startswith(TEMP_PREFIX) for name in left)
 
 
-def test_checkpoint_round_trip_writes_raw_pieces_direct_and_compressed_ones_buffered(tmp_path) -> None:
+def test_large_unaligned_put_goes_direct_through_the_bounce_buffer(tmp_path) -> None:
+    """A codec's output is a new ``bytes`` (never 4 KiB aligned): it is copied through the
+    thread's aligned bounce buffer a segment at a time (here 3 segments and a tail) and
+    bypasses the page cache all the same; a memoryview at an odd offset too."""
+    store = LocalStore(tmp_path / "s")
+    data = np.random.default_rng(1).integers(0, 256, 2 * BOUNCE_BYTES + SIZE, dtype=np.uint8).tobytes()
+    store.put("a/unaligned", data)
+    path = store.local_path("a/unaligned")
+    assert cached_bytes(path) <= PAGE  # only the tail's page
+    assert store.get("a/unaligned") == data
+    odd = memoryview(data)[7:7 + (2 << 20)]  # 2 MiB exactly, starting 7 bytes in
+    store.put("a/odd", odd)
+    assert cached_bytes(store.local_path("a/odd")) == 0
+    assert store.get("a/odd") == odd.tobytes()
+
+
+def test_checkpoint_round_trip_writes_every_large_piece_direct(tmp_path) -> None:
     """A whole checkpoint through a LocalStore with O_DIRECT on: large raw pieces (from 4 KiB
-    staging slots) bypass the page cache, compressed pieces (new, unaligned buffers) are
-    written buffered, and the restore and a deep verify give back every byte."""
+    staging slots) and large compressed pieces (new, unaligned buffers, through the bounce
+    buffer) bypass the page cache; small compressed ones are written buffered; the restore
+    and a deep verify give back every byte."""
     g = torch.Generator().manual_seed(3)
     state = {"w": torch.randn(3 << 20, generator=g),  # 12 MiB random float32: raw pieces (8 + 4 MiB)
              "odd": torch.randn((5 << 18) + 3, generator=g),  # 5 MiB + 12 bytes: a buffered tail
-             "zeros": torch.zeros(2 << 20),  # 8 MiB that compress: one shuffle-lz4 piece
+             "halves": torch.randn(4 << 20, generator=g).half().float(),  # 16 MiB, compresses to ~0.6
+             "zeros": torch.zeros(2 << 20),  # 8 MiB that compress to almost nothing: buffered
              "steps": torch.arange(1 << 20, dtype=torch.int64)}  # 8 MiB, compresses
     root = tmp_path / "ckpt"
     store = LocalStore(root)
     with CheckpointManager(store, job="j", policy=CheckpointPolicy(full_every=1, incremental_every=None),
-                           options=WriteOptions(pack_below=0)) as mgr:
+                           options=WriteOptions(pack_below=0, raw_above=0.9)) as mgr:
         mgr.save(1, state, blocking=True)
         manifest = mgr.manifest(1)
         raw, packed = [], []
         for name, entry in manifest.tensors.items():
             for c in entry.chunks:
                 (raw if c.ref.codec == "raw" else packed).append((name, c.ref))
-        assert {n for n, _ in raw} == {"w", "odd"} and {n for n, _ in packed} == {"zeros", "steps"}, (raw, packed)
+        assert {n for n, _ in raw} == {"w", "odd"}, raw
+        assert {n for n, _ in packed} == {"halves", "zeros", "steps"}, packed
         for name, ref in raw:  # written with O_DIRECT: at most the unaligned tail's page is cached
             path = os.path.join(root, ref.key())
             assert ref.size >= 1 << 20 and cached_bytes(path) <= PAGE, (name, ref, cached_bytes(path))
-        for name, ref in packed:  # compressed: buffered, every page of the file in the cache
+        for name, ref in packed:
             path = os.path.join(root, ref.key())
-            assert ref.stored < ref.size and cached_bytes(path) == -(-os.path.getsize(path) // PAGE) * PAGE, \
-                (name, ref)
+            assert ref.stored < ref.size, (name, ref)
+            if ref.stored >= 1 << 20:  # direct through the bounce buffer
+                assert name == "halves" and cached_bytes(path) <= PAGE, (name, ref, cached_bytes(path))
+            else:  # small: buffered, every page of the file in the cache
+                assert cached_bytes(path) == -(-os.path.getsize(path) // PAGE) * PAGE, (name, ref)
+        assert sum(1 for name, ref in packed if name == "halves" and ref.stored >= 1 << 20) == 2, packed
         got = mgr.restore(1)
         for name, want in state.items():
             assert got[name].dtype == want.dtype and got[name].shape == want.shape, name

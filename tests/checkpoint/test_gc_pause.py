@@ -66,6 +66,7 @@ def test_staging_and_restore_run_no_collection_on_the_callers_thread(tmp_path, e
     me = threading.current_thread().name
     with CheckpointManager(str(tmp_path), "job", policy=CheckpointPolicy(full_every=1)) as mgr:
         mgr.save(1, _state(1)).wait()  # warm: imports, thread pools
+        mgr.wait()  # and nothing in flight (the handle resolves at the commit)
         state = _state(2)
         eager_gc.on = True
         handle = mgr.save(2, state)
@@ -92,6 +93,7 @@ def test_a_collection_owed_as_save_and_restore_start_runs_on_no_callers_thread(t
     me, held = threading.current_thread().name, []
     with CheckpointManager(str(tmp_path), "job", policy=CheckpointPolicy(full_every=1)) as mgr:
         mgr.save(1, _state(1)).wait()
+        mgr.wait()
         for step in (2, 3, 4):
             state = _state(step)
             _owe_a_collection(held)
@@ -100,6 +102,10 @@ def test_a_collection_owed_as_save_and_restore_start_runs_on_no_callers_thread(t
             eager_gc.on = False
             assert eager_gc.on_thread(me) == 0, f"a collection ran inside save({step}) on the caller's thread"
             handle.wait()
+            # the handle resolves at the commit; the save thread's work after it (restore-ready
+            # copies, retention) may still run, and a save that finds it busy waits for it with
+            # the collector on by design: here every save starts with none in flight
+            mgr.wait()
             _owe_a_collection(held)
             eager_gc.on = True
             got = mgr.restore()

@@ -5,9 +5,10 @@ hard-links, for ``put_if_absent``) it into place and fsyncs the directory. A cra
 either no object or the whole one; stray temp files are never listed and are removed by
 ``sweep_temp``.
 
-Large writes from 4 KiB-aligned buffers (raw checkpoint pieces straight from staging) go out
-with ``O_DIRECT`` (``direct_io``): no copy into the page cache, whose first touch costs as
-much as the disk write in a fresh process. A directory whose filesystem refuses ``O_DIRECT``
+Large writes (1 MiB and up) go out with ``O_DIRECT`` (``direct_io``): no copy into the page
+cache, whose first touch costs as much as the disk write in a fresh process. Raw checkpoint
+pieces go straight from their 4 KiB-aligned staging slots; unaligned data (a codec's output)
+through a small aligned bounce buffer (``fileio.write_direct``). A directory whose filesystem refuses ``O_DIRECT``
 (``EINVAL``) is remembered and written buffered from then on; the commit (temp, fsync,
 rename, fsync dir) is the same either way.
 """
@@ -32,7 +33,7 @@ from ..errors import (
 from ..fileio import (
     TEMP_PREFIX,
     create_temp,
-    direct_eligible,
+    direct_writable,
     fsync_dir,
     io_error,
     unlink_quietly,
@@ -121,7 +122,7 @@ class LocalStore(Store):
         directory = os.path.dirname(path)
         self._ensure_dir(directory, key)
         direct = (self.fsync and self.direct_io and directory not in self._direct_refused
-                  and direct_eligible(data))
+                  and direct_writable(data))
         try:
             fd, tmp = self._open_temp(directory, os.path.basename(path), direct)
         except FileNotFoundError:  # the directory was removed behind our back: recreate it
