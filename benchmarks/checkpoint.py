@@ -238,7 +238,7 @@ def trained_gpt_state(quick: bool, steps: int = 10) -> dict:
 
 
 def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: str | None = None,
-              full_codec: str | None = None) -> None:
+              full_codec: str | None = None, incompressible_ratio: float | None = None) -> None:
     torch.manual_seed(0)
     # >= 25M parameters, but few tokens per step (batch 2 x 16): 100 AdamW steps take minutes, not
     # hours, on 2 shared cores. The training loop uses 1 torch thread (2 threads spin against each
@@ -255,7 +255,8 @@ def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: 
     store_dir = os.path.join(root, "gpt-ts")
     mgr = CheckpointManager(store_dir, job="gpt", policy=CheckpointPolicy(full_every=steps, incremental_every=every),
                             options=WriteOptions(nice=nice, **({"delta_codec": delta_codec} if delta_codec else {}),
-                                                 **({"codec": full_codec, "raw_above": 1.0} if full_codec else {})))
+                                                 **({"codec": full_codec, "raw_above": 1.0} if full_codec else {}),
+                                                 incompressible_ratio=incompressible_ratio))
     step_times, busy, blocked = [], [], []
     for step in range(steps + 1):
         busy_now = mgr.pending() is not None
@@ -282,7 +283,8 @@ def bench_gpt(quick: bool, repeats: int, root: str, nice: int = 0, delta_codec: 
     infos = mgr.list()
     print(f"\n[(b) GPT {params / 1e6:.1f}M params + AdamW, {steps} steps, checkpoint every {every}, "
           f"background nice={nice}, delta codec {mgr.options.delta_codec}, full codec {mgr.options.codec} "
-          f"(raw above {mgr.options.raw_above or 'auto'})]")
+          f"(raw above {mgr.options.raw_above or 'auto'}), incremental pieces raw above "
+          f"{mgr.options.incompressible_ratio or 'auto'}]")
     print(f"  torch.save size {tsize / 1e6:.1f} MB; {n_ckpt}x = {n_ckpt * tsize / 1e6:.1f} MB")
     print(f"  trainstore stored {stored / 1e6:.1f} MB for {len(infos)} checkpoints = "
           f"{stored / (n_ckpt * tsize):.3f}x of {n_ckpt}x torch.save")
@@ -322,6 +324,9 @@ def main() -> None:
     ap.add_argument("--only-b", action="store_true", help="skip (a) (e.g. to compare --nice settings)")
     ap.add_argument("--delta-codec", default=None, help="WriteOptions.delta_codec for the (b) training run")
     ap.add_argument("--full-codec", default=None, help="WriteOptions.codec (with raw_above=1.0) for the (b) run")
+    ap.add_argument("--incompressible-ratio", type=float, default=None,
+                    help="WriteOptions.incompressible_ratio for the (b) run (default: auto; 0.97 = what a "
+                         "writer with 4+ CPU threads gets)")
     ap.add_argument("--cold", action="store_true", help="also fresh-process figures (checkpoint_cold.py)")
     ap.add_argument("--cold-only", action="store_true", help="only the fresh-process figures")
     ap.add_argument("--cache", default=",".join(CACHE_STATES),
@@ -361,7 +366,7 @@ def main() -> None:
             return
         if not args.only_b:
             bench_tensors(gib, repeats, root)
-        bench_gpt(args.quick, repeats, root, args.nice, args.delta_codec, args.full_codec)
+        bench_gpt(args.quick, repeats, root, args.nice, args.delta_codec, args.full_codec, args.incompressible_ratio)
         print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -13,7 +13,11 @@ checkpoint (same tensor name, dtype, size, position):
 * otherwise XOR(new, base), byte-shuffled and zstd-compressed: the sign/exponent and high
   mantissa bytes of a weight that moved a little are mostly zero after XOR, so the delta
   compresses far better than the value itself; when the delta does not compress well (the
-  base is unrelated) the plain compressed piece is tried too and the smaller one wins.
+  base is unrelated) the plain compressed piece is tried too and the smaller one wins;
+* a delta that would be stored raw (it compresses to more than ``incompressible_ratio``) is
+  not stored at all: the plain piece takes as many bytes and restores without reading the
+  base. ``auto_incompressible_ratio`` sets that limit as ``auto_raw_above`` does for full
+  saves: a writer short of CPU on a local disk compresses only what halves.
 
 Restore is ``decode(delta) XOR decode(base)``, checked against the piece's recorded hash:
 bit-exact. The delta is decoded into a per-thread buffer, the base read straight into the
@@ -141,11 +145,33 @@ def auto_raw_above(cpu_threads: int, local: bool) -> float:
     return AMPLE_CPU_RAW_ABOVE
 
 
+#: ``auto_incompressible_ratio`` with CPU to spare: an incremental is where the bytes are won,
+#: so a delta (or plain piece) is compressed unless it saves under 3%
+AMPLE_CPU_INCOMPRESSIBLE = 0.97
+
+
+def auto_incompressible_ratio(cpu_threads: int, local: bool) -> float:
+    """The ``incompressible_ratio`` of incremental saves when none is configured.
+
+    The pipeline argument of ``auto_raw_above``, with the slower codec of incrementals
+    (bytegroup-zstd at 0.2-0.4 GB/s per thread on float deltas): on 2 cores (one CPU thread
+    for the save) a GPT-2 incremental whose deltas compress to 0.74-0.77 took 1.05-1.3 s to
+    durable against 0.35-0.45 s raw (docs/benchmarks.md, "Time to durable under torchrun").
+    So a writer short of CPU on a local disk stores a piece compressed only where it halves
+    (unchanged pieces still cost nothing, and sparse or slowly moving tensors still halve);
+    others compress what saves 3%. Deterministic for a machine and store, like
+    ``auto_raw_above``.
+    """
+    if local and cpu_threads < AUTO_COMPRESS_THREADS:
+        return SCARCE_CPU_RAW_ABOVE
+    return AMPLE_CPU_INCOMPRESSIBLE
+
+
 class PieceEncoder:
     """Stores pieces in a ``ChunkStore`` with the codec choices described above."""
 
     def __init__(self, chunks: ChunkStore, *, codec: str, delta_codec: str, level: int,
-                 threads: int, incompressible_ratio: float, cpu_threads: int,
+                 threads: int, incompressible_ratio: float | None, cpu_threads: int,
                  raw_above: float | None = None) -> None:
         self.chunks = chunks
         #: held around hashing, XOR, sampling and encoding (not I/O): at most ``cpu_threads``
@@ -155,13 +181,16 @@ class PieceEncoder:
         self.delta_codec = delta_codec
         self.level = level
         self.threads = threads
-        self.incompressible_ratio = incompressible_ratio
         try:
             self._local = chunks.store.local_path(f"{chunks.prefix}/probe") is not None
         except Exception:  # noqa: BLE001 - any doubt: copy
             self._local = False
         #: full pieces sampling above this ratio are stored raw (None: ``auto_raw_above``)
         self.raw_above = auto_raw_above(cpu_threads, self._local) if raw_above is None else raw_above
+        #: incremental pieces (deltas, plain fallbacks, packs) above this are stored raw
+        #: (None: ``auto_incompressible_ratio``); a delta that would be is stored plain instead
+        self.incompressible_ratio = (auto_incompressible_ratio(cpu_threads, self._local)
+                                     if incompressible_ratio is None else incompressible_ratio)
 
     def _ratio(self, data: memoryview, codec: str, itemsize: int) -> float:
         """Compressed/raw size of a sample (256 KiB from the middle) of ``data``."""
@@ -210,7 +239,9 @@ class PieceEncoder:
 
         Sizes are estimated on a 256 KiB sample of each candidate, so the piece is compressed
         once; when the delta compresses to under ``TRY_PLAIN_ABOVE`` the plain candidate is not
-        even sampled (it cannot win by much then).
+        even sampled (it cannot win by much then). A delta that would be stored raw (above
+        ``incompressible_ratio``) loses to the plain piece: as many bytes, and a restore of
+        the plain one reads no base.
         """
         n = data.nbytes
         sums = self._digests(data)
@@ -226,12 +257,11 @@ class PieceEncoder:
             r_plain = None
             if r_delta > TRY_PLAIN_ABOVE:
                 r_plain = min(self._ratio(data, self.delta_codec, itemsize), 1.0)
-            use_plain = r_plain is not None and r_plain < r_delta
+            use_plain = (r_plain is not None and r_plain < r_delta) or r_delta > self.incompressible_ratio
             delta_hash = "" if use_plain else content_hash(delta)
         if use_plain:
             return self._plain_incremental(data, itemsize, sums, r_plain)
-        codec = self.delta_codec if r_delta <= self.incompressible_ratio else "raw"
-        ref, written = self._put(delta, codec, itemsize, delta_hash)
+        ref, written = self._put(delta, self.delta_codec, itemsize, delta_hash)
         # the check is the piece's (what a restore rebuilds), the delta chunk has none of its own
         return PieceResult(ChunkEntry(ref, base.ref, h, check=check), written, ref.stored)
 
@@ -273,4 +303,4 @@ class PieceEncoder:
         return self.plain(data, itemsize, sums, codec=self.delta_codec, raw_above=self.incompressible_ratio)
 
 
-__all__ = ["DeltaApply", "PieceEncoder", "auto_raw_above", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]
+__all__ = ["DeltaApply", "PieceEncoder", "auto_incompressible_ratio", "auto_raw_above", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]

@@ -41,7 +41,11 @@ class WriteOptions:
     piece of an incremental checkpoint (XOR deltas and plain fallbacks): that is where the
     bytes are won, so it compresses harder (bytegroup-zstd: 1-4% smaller than shuffle-zstd
     on weights, bf16 and AdamW moments, benchmarks/codecs.py); such pieces are stored raw
-    only above ``incompressible_ratio``.
+    above ``incompressible_ratio`` (a delta that would be is stored as the plain piece: as
+    many bytes, no base to read at restore). ``None`` (default) picks it like ``raw_above``
+    (``format.delta.auto_incompressible_ratio``): 0.97 with CPU to spare or a network store,
+    0.5 for a local directory and fewer than 4 CPU threads, where compressing float deltas
+    to ~0.75 made an incremental 2.5-3x slower to become durable.
 
     ``cpu_threads``: at most this many of the ``workers`` hash, XOR and compress at once (the
     others wait on I/O). CPU threads are scheduled fairly, so 8 busy save threads next to a
@@ -66,7 +70,7 @@ class WriteOptions:
     codec_threads: int = 1
     cpu_threads: int | None = None  # None: default_cpu_threads()
     max_inflight_bytes: int = 256 << 20
-    incompressible_ratio: float = 0.97
+    incompressible_ratio: float | None = None
     raw_above: float | None = None
     nice: int = 0
     pack_below: int = 1 << 20
@@ -83,8 +87,8 @@ class WriteOptions:
             raise ConfigError(f"cpu_threads must be >= 1 (or None for the default), got {self.cpu_threads}")
         if self.max_inflight_bytes < self.chunk_bytes:
             raise ConfigError("max_inflight_bytes must hold at least one chunk")
-        if not 0.0 < self.incompressible_ratio <= 1.0:
-            raise ConfigError("incompressible_ratio must be in (0, 1]")
+        if self.incompressible_ratio is not None and not 0.0 < self.incompressible_ratio <= 1.0:
+            raise ConfigError(f"incompressible_ratio must be in (0, 1] or None (auto), got {self.incompressible_ratio}")
         if self.raw_above is not None and not 0.0 < self.raw_above <= 1.0:
             raise ConfigError(f"raw_above must be in (0, 1] or None (auto), got {self.raw_above}")
         if self.pack_below < 0 or self.pack_below > self.pack_bytes:
