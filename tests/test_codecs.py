@@ -173,7 +173,7 @@ def test_incrementals_default_to_bytegroup_and_earlier_shuffle_zstd_deltas_still
         return {"w": w + moved, "exp_avg_sq": (moved * moved).add(1e-8)}
 
     policy = CheckpointPolicy(full_every=100, incremental_every=1)
-    small = {"chunk_bytes": 64 << 10}
+    small = {"chunk_bytes": 64 << 10, "incompressible_ratio": 0.97}  # deltas kept on 2 cores too
     old = CheckpointManager(str(tmp_path), job="j", policy=policy, options=WriteOptions(delta_codec="shuffle-zstd", **small))
     old.save(0, state(0), blocking=True)
     old.save(1, state(1), blocking=True)
