@@ -12,22 +12,16 @@
     print(mgr.last_restore)                           # which step, why, what was skipped
 
 The manager owns what every save shares: the lock, the one in-flight save, background
-errors (logged at once, raised as ``BackgroundError`` at the next ``save``/``wait``/
-``close``; with ``on_error="warn"``/``"retry"`` training continues and ``should_save``
-asks for a save again soon: ``failures``), hooks and observers. The work is a save backend's (``backend``: the call order):
-``single`` in one process, ``dcp`` (``trainstore.dcp.backend``) in a torch.distributed job,
-picked per save by ``backend.backend_name``. A save copies the state to host buffers (the
-only part on the caller's clock) and one background thread writes and commits it.
-Restore picks candidates in ``restore``; the backend that wrote a manifest loads it.
+errors (logged at once, raised as ``BackgroundError`` at the next ``save``/``wait``/``close``;
+with ``on_error="warn"``/``"retry"`` training continues: ``failures``), hooks and observers.
+The work is a save backend's (``backend``: the call order): ``single`` in one process, ``dcp``
+in a torch.distributed job. A save copies the state to host buffers (the only part on the
+caller's clock) and one background thread writes and commits it. Restore picks candidates
+in ``restore``; the backend that wrote a manifest loads it.
 
-Rollbacks and reruns (``lineage``): a save reaching a step that exists, after a restore of
-an older step or as a fresh run's first save, moves the steps left behind to
-``abandoned/`` and starts a new run; ``restore()`` and ``latest_step`` follow the lineage.
-Within one run a step is saved once (``AlreadyExistsError``).
-
-Pluggable: ``hooks`` are called as ``hook(info, manager)`` after each committed save (on the
-background thread: retention, tiering, metrics export); all store access goes through the
-``Store`` interface, so a tiered store can be passed instead of a URL.
+Rollbacks and reruns (``lineage``): a save reaching a step that exists moves the steps left
+behind to ``abandoned/`` and starts a new run. ``hooks(info, manager)`` run after each
+committed save on the background thread (retention, tiering, metrics).
 """
 
 from __future__ import annotations
@@ -105,19 +99,18 @@ class CheckpointManager:
         self._saves = InflightSaves(self.job)
         self._lock = self._saves.lock
         self._closed = False
-        # what wrote each manifest; asked now, not on the first save's clock (git), nor the backend's import
+        # what wrote each manifest, and the backend's import: now, not on the first save's clock
         self._provenance = {"code_version": code_version(), "trainstore_version": trainstore_version()}
         backend_class(backend_name())
         exit_hooks.track(self)
 
     # -- policy ----------------------------------------------------------------------------
     def should_save(self, step: int) -> str | None:
-        """None, "full" or "incremental" for ``step`` under the policy; after a failed save
-        under ``on_error="warn"`` (``"retry"``: once its backoff passed) the failed save's kind."""
+        """None, "full" or "incremental" for ``step`` under the policy, or a failed save's kind
+        to retry (``on_error``); asked every step (an ObjectivePolicy measures steps)."""
         for msg in self.failures.take_warnings():  # failures training continued through
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        kind = self.policy.should_save(step)  # asked every step: an ObjectivePolicy measures steps
-        return kind or self.failures.retry_kind(step)
+        return self.policy.should_save(step) or self.failures.retry_kind(step)
 
     # -- saving ----------------------------------------------------------------------------
     def save(self, step: int, state: Any, metrics: dict | None = None, config: dict | None = None, *,
