@@ -45,7 +45,7 @@ class WriteOptions:
     many bytes, no base to read at restore). ``None`` (default) picks it like ``raw_above``
     (``format.delta.auto_incompressible_ratio``): 0.97 with CPU to spare or a network store,
     0.5 for a local directory and fewer than 4 CPU threads, where compressing float deltas
-    to ~0.75 made an incremental 2.5-3x slower to become durable.
+    to ~0.75 made an incremental 2-3x slower to become durable.
 
     ``cpu_threads``: at most this many of the ``workers`` hash, XOR and compress at once (the
     others wait on I/O). CPU threads are scheduled fairly, so 8 busy save threads next to a
