@@ -54,8 +54,11 @@ def direct_eligible(data: Buffer) -> bool:
     and starting 4 KiB-aligned (checkpoint staging slots and restore buffers are; see
     ``checkpoint.save.staging``)."""
     view = memoryview(data)
-    if view.nbytes < DIRECT_MIN_BYTES or not view.contiguous:
-        return False
+    return view.nbytes >= DIRECT_MIN_BYTES and view.contiguous and _aligned(view)
+
+
+def _aligned(view: memoryview) -> bool:
+    """Whether a contiguous buffer starts on a ``DIRECT_ALIGN`` boundary."""
     return np.frombuffer(view.cast("B"), dtype=np.uint8).ctypes.data % DIRECT_ALIGN == 0
 
 
@@ -85,8 +88,7 @@ def _bounce_buffer() -> np.ndarray:
 
 def write_direct(fd: int, data: Buffer) -> None:
     """Write ``data`` to ``fd`` opened with ``O_DIRECT`` at offset 0: the 4 KiB-multiple head
-    with ``O_DIRECT`` (no page cache), straight from ``data`` when it is aligned
-    (``direct_eligible``), else copied through ``_bounce_buffer`` a segment at a time; then
+    with ``O_DIRECT`` (no page cache), straight from ``data`` when it starts aligned, else copied through ``_bounce_buffer`` a segment at a time; then
     ``O_DIRECT`` is cleared and the tail written buffered, so the file holds exactly ``data``.
     The caller still fsyncs (size, tail).
 
@@ -96,7 +98,7 @@ def write_direct(fd: int, data: Buffer) -> None:
     stay touched."""
     view = memoryview(data).cast("B")
     head = view.nbytes // DIRECT_ALIGN * DIRECT_ALIGN
-    if direct_eligible(view) or head == 0:
+    if head == 0 or _aligned(view):
         write_all(fd, view[:head])
     else:
         buf = _bounce_buffer()

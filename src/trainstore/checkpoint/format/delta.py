@@ -60,8 +60,9 @@ _scratch = threading.local()
 
 def scratch(n: int) -> np.ndarray:
     """A per-thread reusable uint8 buffer of at least ``n`` bytes, touched once and 4 KiB
-    aligned: a raw XOR delta written from it goes to a local disk with ``O_DIRECT``
-    (``fileio.direct_eligible``), not through the page cache."""
+    aligned (``fileio.direct_eligible``): a restore reads a raw delta chunk (written before
+    deltas that would be raw were stored plain) into it with ``O_DIRECT``, and a raw delta
+    written from it would go out the same way."""
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.nbytes < n:
         buf = empty_array((max(n, 1),), np.uint8, huge_pages=False)
@@ -155,8 +156,9 @@ def auto_incompressible_ratio(cpu_threads: int, local: bool) -> float:
 
     The pipeline argument of ``auto_raw_above``, with the slower codec of incrementals
     (bytegroup-zstd at 0.2-0.4 GB/s per thread on float deltas): on 2 cores (one CPU thread
-    for the save) a GPT-2 incremental whose deltas compress to 0.74-0.77 took 1.05-1.3 s to
-    durable against 0.35-0.45 s raw (docs/benchmarks.md, "Time to durable under torchrun").
+    for the save) a GPT-2 incremental whose deltas compress to 0.74-0.77 took 1.36-1.61 s to
+    durable against 0.50-0.56 s with this limit (docs/benchmarks.md, "Issue 30: time to
+    durable").
     So a writer short of CPU on a local disk stores a piece compressed only where it halves
     (unchanged pieces still cost nothing, and sparse or slowly moving tensors still halve);
     others compress what saves 3%. Deterministic for a machine and store, like
@@ -165,6 +167,12 @@ def auto_incompressible_ratio(cpu_threads: int, local: bool) -> float:
     if local and cpu_threads < AUTO_COMPRESS_THREADS:
         return SCARCE_CPU_RAW_ABOVE
     return AMPLE_CPU_INCOMPRESSIBLE
+
+
+def _sample_window(n: int) -> slice:
+    """The bytes of an ``n``-byte piece that ``PieceEncoder._ratio`` samples: 256 KiB from the middle."""
+    start = max(0, (n - _SAMPLE_BYTES) // 2) // 64 * 64
+    return slice(start, start + _SAMPLE_BYTES)
 
 
 class PieceEncoder:
@@ -196,8 +204,7 @@ class PieceEncoder:
         """Compressed/raw size of a sample (256 KiB from the middle) of ``data``."""
         if codec == "raw":
             return 1.0
-        start = max(0, (data.nbytes - _SAMPLE_BYTES) // 2) // 64 * 64
-        sample = data[start:start + _SAMPLE_BYTES]
+        sample = data[_sample_window(data.nbytes)]
         if sample.nbytes == 0:
             return 1.0
         enc = encode(sample, codec, itemsize, level=self.level, threads=self.threads)
@@ -252,13 +259,18 @@ class PieceEncoder:
             return self._plain_incremental(data, itemsize, sums)  # (a packed base piece: no XOR inside packs)
         base_view = base_bytes()  # may read the base chunk from the store: outside the gate
         with self.cpu:
-            delta = memoryview(xor_into(data, base_view, scratch(n)))
-            r_delta = self._ratio(delta, self.delta_codec, itemsize)
+            # the delta's sample is the XOR of the pieces' samples: the whole delta is made
+            # only when it is kept
+            win = _sample_window(n)
+            sample = xor_into(data[win], base_view[win], scratch(n))
+            r_delta = self._ratio(memoryview(sample), self.delta_codec, itemsize)
             r_plain = None
             if r_delta > TRY_PLAIN_ABOVE:
                 r_plain = min(self._ratio(data, self.delta_codec, itemsize), 1.0)
             use_plain = (r_plain is not None and r_plain < r_delta) or r_delta > self.incompressible_ratio
-            delta_hash = "" if use_plain else content_hash(delta)
+            if not use_plain:
+                delta = memoryview(xor_into(data, base_view, scratch(n)))
+                delta_hash = content_hash(delta)
         if use_plain:
             return self._plain_incremental(data, itemsize, sums, r_plain)
         ref, written = self._put(delta, self.delta_codec, itemsize, delta_hash)
