@@ -121,3 +121,23 @@ def test_items_are_written_in_bounded_groups_and_base_cache_serves_incrementals(
     out = empty()
     dcp.load(out, storage_reader=StorageReader(root, "j"), no_dist=True)
     assert same(out, nxt)
+
+
+def test_small_tensors_of_one_state_entry_share_a_pack(tmp_path):
+    """DCP names are dotted fqns (``model.layer0.bias@0``): the small tensors of one top-level
+    entry share packs (one object, one fsync) as in the manager's own format, and ``model``
+    and ``optim`` never share one (a partial restore of one reads none of the other's)."""
+    g = torch.Generator().manual_seed(0)
+    sd = {"model": {f"layer{i}": {"bias": torch.randn(16, generator=g), "scale": torch.randn(16, generator=g)}
+                    for i in range(12)},
+          "optim": {f"p{i}": {"exp_avg": torch.randn(16, generator=g), "step": torch.tensor(float(i))}
+                    for i in range(12)}}
+    w = StorageWriter(str(tmp_path), "j", options=PACKED)
+    dcp.save(sd, storage_writer=w, checkpoint_id=1, no_dist=True)
+    refs = {top: {c.ref for n, t in w.last_manifest.tensors.items() if n.startswith(top + ".") for c in t.chunks}
+            for top in ("model", "optim")}
+    assert len(refs["model"]) == 1 and len(refs["optim"]) == 1 and refs["model"] != refs["optim"]
+    out = {"model": {k: {n: torch.zeros_like(v) for n, v in d.items()} for k, d in sd["model"].items()},
+           "optim": {k: {n: torch.zeros_like(v) for n, v in d.items()} for k, d in sd["optim"].items()}}
+    dcp.load(out, storage_reader=StorageReader(str(tmp_path), "j"), no_dist=True)
+    assert all(torch.equal(out[top][k][n], sd[top][k][n]) for top in sd for k in sd[top] for n in sd[top][k])

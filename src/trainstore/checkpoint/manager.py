@@ -11,17 +11,16 @@
     state = mgr.restore()                             # newest checkpoint that verifies
     print(mgr.last_restore)                           # which step, why, what was skipped
 
-The manager owns what every save shares: the lock, the one in-flight save, background
-errors (logged at once, raised as ``BackgroundError`` at the next ``save``/``wait``/``close``;
-with ``on_error="warn"``/``"retry"`` training continues: ``failures``), hooks and observers.
+The manager owns what every save shares: the lock, the one in-flight save, background errors
+(logged, raised as ``BackgroundError`` at the next ``save``/``wait``/``close``; with
+``on_error="warn"``/``"retry"`` training continues: ``failures``), hooks and observers.
 The work is a save backend's (``backend``: the call order): ``single`` in one process, ``dcp``
 in a torch.distributed job. A save copies the state to host buffers (the only part on the
 caller's clock) and one background thread writes and commits it. Restore picks candidates
 in ``restore``; the backend that wrote a manifest loads it.
 
-Rollbacks and reruns (``lineage``): a save reaching a step that exists moves the steps left
-behind to ``abandoned/`` and starts a new run. ``hooks(info, manager)`` run after each
-committed save on the background thread (retention, tiering, metrics).
+Rollbacks and reruns (``lineage``): a save reaching a step that exists moves the steps left behind
+to ``abandoned/``. ``hooks(info, manager)`` run after each commit (retention, tiering, metrics).
 """
 
 from __future__ import annotations
@@ -51,7 +50,8 @@ from .restore.verify import verify_steps
 from .save import exit as exit_hooks
 from .save.failures import SaveErrorPolicy, SaveFailures
 from .save.inflight import InflightSaves
-from .save.writer import WriteOptions, lower_thread_priority
+from .save.pool import lower_thread_priority
+from .save.writer import WriteOptions
 from .types import CheckpointInfo, CheckpointPolicy, CommitPoint, RestoreResult, SaveHandle
 
 log = logging.getLogger("trainstore.checkpoint")

@@ -51,8 +51,12 @@ def _aligned(n: int) -> int:
 
 def pack_group(name: str, itemsize: int) -> tuple[str, int]:
     """Tensors share a pack only within one group: the same top-level state entry (``model``,
-    ``optim``: a partial restore of one never reads the other's packs) and element size."""
-    return name.split("/", 1)[0], itemsize
+    ``optim``: a partial restore of one never reads the other's packs) and element size.
+    The entry is what precedes the first ``/`` (the manager's names: ``model/layer.bias``)
+    or, in a name without one, the first ``.`` (DCP fqns: ``model.layer.bias@0``; taken
+    whole, every DCP tensor was a pack alone: one object and fsync per tensor)."""
+    top = name.split("/", 1)[0] if "/" in name else name.split(".", 1)[0]
+    return top, itemsize
 
 
 def plan_packs(members: Iterable[tuple[Any, int, Any]], pack_bytes: int) -> list[list[Any]]:

@@ -39,8 +39,9 @@ from ...codecs_lossy import encodable
 from ...errors import ConfigError
 from ..format.delta import PieceResult
 from ..format.manifest import ChunkEntry, Manifest, TensorEntry
+from .pool import lower_thread_priority
 from .staging import StagedTensor
-from .writer import WriteOptions, WriteStats, default_cpu_threads, lower_thread_priority
+from .writer import WriteOptions, WriteStats, default_cpu_threads
 
 OPTIMIZER_MOMENTS = ("lossless", "bf16", "int8-blockwise")
 MOMENT_NAMES = ("exp_avg", "exp_avg_sq")

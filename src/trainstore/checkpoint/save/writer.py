@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass
 
 from ...bytebudget import ByteBudget
@@ -25,6 +25,7 @@ from ...errors import ConfigError
 from ..format.delta import PieceEncoder, PieceResult
 from ..format.manifest import ChunkEntry, TensorEntry
 from ..format.packs import pack_group, plan_packs
+from .pool import shared_pool
 from .staging import StagedTensor
 
 
@@ -116,18 +117,6 @@ class WriteStats:
     deltas: int = 0
 
 
-def lower_thread_priority(nice: int) -> None:
-    """Raise the calling thread's niceness (Linux: threads are tasks) so that hashing and
-    compression of a background save yield the CPU to the training loop."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except OSError:
-        pass
-
-
 #: base lookup: (tensor name, piece index, piece size) -> (base ChunkEntry, lazy raw bytes) or None
 BaseLookup = Callable[[str, str, int, int], "tuple[ChunkEntry, Callable[[], memoryview]] | None"]
 
@@ -162,40 +151,40 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
     small = [t for t in staged if 0 < t.data.nbytes < min(opts.pack_below, pack_limit)]
     packed = {t.name for t in small}
     pack_futs: dict[str, tuple[Future[list[PieceResult]], int]] = {}  # tensor -> (its pack's future, index)
-    with ThreadPoolExecutor(max_workers=opts.workers, thread_name_prefix="trainstore-ckpt-write",
-                            initializer=lower_thread_priority, initargs=(opts.nice,)) as pool:
-        try:
-            for members in plan_packs(((t, t.data.nbytes, pack_group(t.name, t.itemsize)) for t in small),
-                                      pack_limit):
-                pfut = budget.submit(pool, sum(t.data.nbytes for t in members), pack_work, members)
-                pending.add(pfut)
-                for i, t in enumerate(members):
-                    pack_futs[t.name] = (pfut, i)
-            for t in staged:
-                if t.name in packed:
-                    continue
-                futs: list[Future[PieceResult] | None] = []
-                results[t.name] = futs
-                n = t.data.nbytes
-                for idx, start in enumerate(range(0, n, opts.chunk_bytes)):
-                    if cancel is not None and cancel.is_set():
-                        raise ConfigError("checkpoint save cancelled")
-                    piece = t.data[start:start + opts.chunk_bytes]
-                    fut = budget.submit(pool, piece.nbytes, work, t, piece, idx)
-                    futs.append(fut)
-                    pending.add(fut)
-                    # fail fast: stop submitting as soon as any piece failed
-                    done = {f for f in pending if f.done()}
-                    for f in done:
-                        f.result()
-                    pending -= done
-            finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
-            for f in finished:
-                f.result()
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
+    pool = shared_pool("ckpt-write", opts.workers, opts.nice)  # kept threads keep their buffers touched
+    try:
+        for members in plan_packs(((t, t.data.nbytes, pack_group(t.name, t.itemsize)) for t in small),
+                                  pack_limit):
+            pfut = budget.submit(pool, sum(t.data.nbytes for t in members), pack_work, members)
+            pending.add(pfut)
+            for i, t in enumerate(members):
+                pack_futs[t.name] = (pfut, i)
+        for t in staged:
+            if t.name in packed:
+                continue
+            futs: list[Future[PieceResult] | None] = []
+            results[t.name] = futs
+            n = t.data.nbytes
+            for idx, start in enumerate(range(0, n, opts.chunk_bytes)):
+                if cancel is not None and cancel.is_set():
+                    raise ConfigError("checkpoint save cancelled")
+                piece = t.data[start:start + opts.chunk_bytes]
+                fut = budget.submit(pool, piece.nbytes, work, t, piece, idx)
+                futs.append(fut)
+                pending.add(fut)
+                # fail fast: stop submitting as soon as any piece failed
+                done = {f for f in pending if f.done()}
+                for f in done:
+                    f.result()
+                pending -= done
+        finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+        for f in finished:
+            f.result()
+    except BaseException:
+        for f in pending:
+            f.cancel()
+        wait(pending)  # a task still running reads the staged bytes the caller reuses next
+        raise
 
     entries: dict[str, TensorEntry] = {}
     for t in staged:
