@@ -83,7 +83,8 @@ def scenarios(root: str) -> list:
             ("manager_fsdp2", manager_fsdp2, {"root": root}),
             ("manager_corrupt", manager_corrupt, {"root": root}),
             ("manager_busy_wait", manager_busy_wait, {"root": root}),
-            ("manager_handle_at_commit", manager_handle_at_commit, {"root": root})]
+            ("manager_handle_at_commit", manager_handle_at_commit, {"root": root}),
+            ("manager_replica_share", manager_replica_share, {"root": root})]
 
 
 def manager_fsdp2(rank: int, world: int, args: dict) -> dict:
@@ -203,3 +204,64 @@ def manager_handle_at_commit(rank: int, world: int, args: dict) -> dict:
     mgr.close()
     return {"waited": waited, "step": info.step, "kind": info.kind, "pending": pending, "held": len(held),
             "steps": steps}
+
+
+def ddp_state(seed: int = 0, zero: bool = False) -> dict:
+    """A DDP-like state: plain tensors, the same on every rank (DCP writes each on one rank)."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {"model": {f"l{i}": torch.randn(48, 32, generator=g) for i in range(6)},
+          "optim": {f"l{i}": {"exp_avg": torch.randn(48, 32, generator=g), "step": torch.tensor(float(seed))}
+                    for i in range(6)},
+          "epoch": seed}
+    if zero:
+        sd = {"model": {k: torch.zeros_like(v) for k, v in sd["model"].items()},
+              "optim": {k: {n: torch.zeros_like(t) for n, t in d.items()} for k, d in sd["optim"].items()},
+              "epoch": -1}
+    return sd
+
+
+def same_ddp(a: dict, b: dict) -> bool:
+    return a["epoch"] == b["epoch"] and all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"]) and all(
+        torch.equal(a["optim"][k][n], b["optim"][k][n]) for k in b["optim"] for n in b["optim"][k])
+
+
+def manager_replica_share(rank: int, world: int, args: dict) -> dict:
+    """Replicated tensors are staged only on the rank that writes them, from the second save
+    on; a share gone stale (forced here: every rank skips one tensor) fails that save on every
+    rank, naming the tensor, and the next save stages everything again."""
+    from trainstore.dcp.share import ReplicaShare
+
+    skipped: list = []
+    mgr = CheckpointManager(args["root"], "share", CheckpointPolicy(full_every=2, incremental_every=1), options=SMALL)
+    mgr.observers.append(lambda event, fields: skipped.append(fields["skipped_bytes"])
+                         if event == "dcp_staged_share" else None)
+    sizes = []
+    for step in (1, 2, 3):
+        n = len(skipped)
+        mgr.save(step, ddp_state(step), blocking=True)
+        sizes.append(skipped[n] if len(skipped) > n else 0)
+    exact = []
+    for step in (1, 2, 3):
+        target = ddp_state(zero=True)
+        mgr.restore_into(target, step=step)
+        exact.append(same_ddp(target, ddp_state(step)))
+    real = ReplicaShare.skipped
+    ReplicaShare.skipped = lambda self, flat, w: frozenset({"model.l0"})  # type: ignore[method-assign]
+    try:
+        mgr.save(4, ddp_state(4))
+        try:
+            mgr.wait()
+            error = None
+        except BackgroundError as exc:
+            error = str(exc)
+    finally:
+        ReplicaShare.skipped = real  # type: ignore[method-assign]
+    n = len(skipped)
+    mgr.save(5, ddp_state(5), blocking=True)
+    target = ddp_state(zero=True)
+    res = mgr.restore_into(target)
+    after = {"step": res.step, "exact": same_ddp(target, ddp_state(5)), "skipped": skipped[n:]}
+    mgr.close()
+    total = sum(t.numel() * t.element_size() for t in ddp_state()["model"].values()) + sum(
+        t.numel() * t.element_size() for d in ddp_state()["optim"].values() for t in d.values())
+    return {"skipped": sizes, "total": total, "exact": exact, "error": error, "after": after}

@@ -46,6 +46,7 @@ from .coordination import (
     timeout_note,
 )
 from .reader import StorageReader
+from .share import ReplicaShare, SharePlanner, stage_shared
 from .writer import COMMITTED_KEY, BaseCache, StorageWriter
 
 log = logging.getLogger("trainstore.dcp")
@@ -62,6 +63,8 @@ class DcpBackend(SaveBackend):
         self.base_cache = BaseCache() if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every else None
         self.known = KnownManifests()  # manifests committed or read by this job's saves (not re-read)
         self.ready = ReadyCopies(ctx.store, ctx.job)  # this node's copies of its ranks' delta pieces
+        self.share = ReplicaShare()  # the replicated tensors this rank writes (share.py)
+        self._flat: dict | None = None  # the flattened state of the save being written (share.learn)
         self._groups: tuple[Any, Any] | None = None
         self._coordinator = True  # until a save says otherwise (set_up_storage_writer)
 
@@ -105,7 +108,13 @@ class DcpBackend(SaveBackend):
             raise AlreadyExistsError(f"checkpoint step {step} of job {job!r} already exists in {store.url}")
 
     def stage(self, state: Any) -> dict:
-        return self.stager.stage_state_dict(state)
+        """The host copy: every DTensor shard, and the replicated tensors this rank writes
+        (``share.py``; all of them on a first save)."""
+        world = dist.get_world_size() if distributed_job() else 1
+        staged, self._flat, skipped = stage_shared(self.stager, state, self.share, world)
+        if skipped:
+            self.ctx.notify("dcp_staged_share", skipped_bytes=skipped)
+        return staged
 
     def write(self, step: int, kind: str, staged: dict, metadata: dict,
               committed: Callable[[CheckpointInfo], None]) -> CheckpointInfo:
@@ -114,16 +123,21 @@ class DcpBackend(SaveBackend):
         writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
                                base_cache=self.base_cache, known=self.known,
                                keep_delta_views=ctx.policy.ready_copies and self.ready.writable)
+        flat, self._flat = self._flat, None
         try:
-            md = dcp.save(staged, storage_writer=writer, checkpoint_id=step, process_group=group)
+            md = dcp.save(staged, storage_writer=writer, checkpoint_id=step, process_group=group,
+                          planner=SharePlanner())
             info = (md.storage_data or {}).get(COMMITTED_KEY) if isinstance(md.storage_data, dict) else None
             if writer.last_manifest is not None:
                 info = CheckpointInfo.from_manifest(writer.last_manifest)
             elif not isinstance(info, CheckpointInfo):  # not broadcast by the coordinator: read what it committed
                 info = CheckpointInfo.from_manifest(mf.load_manifest(ctx.store, ctx.job, step))
         except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+            self.share.forget()  # the next save stages every tensor
             raise DistributedError(f"distributed checkpoint step {step} of job {ctx.job!r} failed: "
                                    f"{writer.failure_report(exc)}") from exc
+        if flat is not None:
+            self.share.learn(flat, dist.get_world_size() if distributed_job() else 1, writer.written_tensors)
         self._coordinator = writer.is_coordinator
         if writer.last_manifest is None:
             self.known.committed(info.step, info.kind)

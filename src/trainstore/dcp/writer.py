@@ -59,6 +59,7 @@ from .coordination import (
 )
 from .items import lookup_value, stage_tensor, stage_value
 from .metadata import index_to_json, metadata_to_json, shard_name
+from .share import check_covered
 
 log = logging.getLogger("trainstore.dcp")
 
@@ -160,6 +161,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.is_coordinator = False
         self.rank = 0
         self.last_manifest: Manifest | None = None
+        self.written_tensors: frozenset[str] = frozenset()  # fqns of the tensors this rank wrote (share.py)
         self._decision: dict | None = None
         self._chunks: ChunkStore | None = None
         self._started = time.time()
@@ -197,6 +199,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.last_manifest = None
         self._decision = None
         self.delta_views = []
+        self.written_tensors = frozenset()
 
     @property
     def checkpoint_id(self) -> str:
@@ -223,6 +226,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        check_covered(plans)  # tensors a rank did not stage (share.py) are written by another
         step = self.step
         if self.store.write_view().exists(mf.manifest_key(self.job, step)):  # type: ignore[union-attr]
             raise layout.step_exists(self.job, step, self.store.url)
@@ -267,6 +271,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     def _write(self, plan: SavePlan, planner: SavePlanner) -> list[WriteResult]:
         decision = plan.storage_data if isinstance(plan.storage_data, dict) else {}
         self._decision = decision
+        self.written_tensors = frozenset(i.index.fqn for i in plan.items if i.type != WriteItemType.BYTE_IO)
         if decision.get("step", self.step) != self.step:
             raise ConfigError(f"this rank saves step {self.step}, the coordinator step {decision.get('step')}: "
                               "every rank must pass the same checkpoint_id")
