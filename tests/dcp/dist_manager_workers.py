@@ -209,7 +209,7 @@ def manager_handle_at_commit(rank: int, world: int, args: dict) -> dict:
 def ddp_state(seed: int = 0, zero: bool = False) -> dict:
     """A DDP-like state: plain tensors, the same on every rank (DCP writes each on one rank)."""
     g = torch.Generator().manual_seed(seed)
-    sd = {"model": {f"l{i}": torch.randn(48, 32, generator=g) for i in range(6)},
+    sd = {"model": {f"l{i}": torch.randn(48, 32, generator=g) for i in range(6)} | {"big": torch.randn(512, 640, generator=g)},
           "optim": {f"l{i}": {"exp_avg": torch.randn(48, 32, generator=g), "step": torch.tensor(float(seed))}
                     for i in range(6)},
           "epoch": seed}
@@ -229,10 +229,17 @@ def manager_replica_share(rank: int, world: int, args: dict) -> dict:
     """Replicated tensors are staged only on the rank that writes them, from the second save
     on; a share gone stale (forced here: every rank skips one tensor) fails that save on every
     rank, naming the tensor, and the next save stages everything again."""
+    from trainstore import fileio
     from trainstore.dcp.share import ReplicaShare
 
+    bounced = []
+    bounce = fileio._bounce_buffer
+    fileio._bounce_buffer = lambda: (bounced.append(1), bounce())[1]  # unaligned data copied before O_DIRECT
     skipped: list = []
-    mgr = CheckpointManager(args["root"], "share", CheckpointPolicy(full_every=2, incremental_every=1), options=SMALL)
+    from trainstore.checkpoint.save.writer import WriteOptions
+
+    options = WriteOptions(chunk_bytes=2 << 20, workers=2, codec="raw", delta_codec="raw")  # model.big: one O_DIRECT piece
+    mgr = CheckpointManager(args["root"], "share", CheckpointPolicy(full_every=2, incremental_every=1), options=options)
     mgr.observers.append(lambda event, fields: skipped.append(fields["skipped_bytes"])
                          if event == "dcp_staged_share" else None)
     sizes = []
@@ -262,6 +269,7 @@ def manager_replica_share(rank: int, world: int, args: dict) -> dict:
     res = mgr.restore_into(target)
     after = {"step": res.step, "exact": same_ddp(target, ddp_state(5)), "skipped": skipped[n:]}
     mgr.close()
+    fileio._bounce_buffer = bounce
     total = sum(t.numel() * t.element_size() for t in ddp_state()["model"].values()) + sum(
         t.numel() * t.element_size() for d in ddp_state()["optim"].values() for t in d.values())
-    return {"skipped": sizes, "total": total, "exact": exact, "error": error, "after": after}
+    return {"skipped": sizes, "total": total, "exact": exact, "error": error, "after": after, "bounced": len(bounced)}

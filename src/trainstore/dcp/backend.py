@@ -46,7 +46,8 @@ from .coordination import (
     timeout_note,
 )
 from .reader import StorageReader
-from .share import ReplicaShare, SharePlanner, stage_shared
+from .share import ReplicaShare, SharePlanner
+from .staging import DcpStaged, stage as stage_dcp
 from .writer import COMMITTED_KEY, BaseCache, StorageWriter
 
 log = logging.getLogger("trainstore.dcp")
@@ -64,7 +65,6 @@ class DcpBackend(SaveBackend):
         self.known = KnownManifests()  # manifests committed or read by this job's saves (not re-read)
         self.ready = ReadyCopies(ctx.store, ctx.job)  # this node's copies of its ranks' delta pieces
         self.share = ReplicaShare()  # the replicated tensors this rank writes (share.py)
-        self._flat: dict | None = None  # the flattened state of the save being written (share.learn)
         self._groups: tuple[Any, Any] | None = None
         self._coordinator = True  # until a save says otherwise (set_up_storage_writer)
 
@@ -107,25 +107,31 @@ class DcpBackend(SaveBackend):
         if store.write_view().exists(mf.manifest_key(job, step)):  # the commit re-checks lower tiers
             raise AlreadyExistsError(f"checkpoint step {step} of job {job!r} already exists in {store.url}")
 
-    def stage(self, state: Any) -> dict:
-        """The host copy: every DTensor shard, and the replicated tensors this rank writes
-        (``share.py``; all of them on a first save)."""
-        world = dist.get_world_size() if distributed_job() else 1
-        staged, self._flat, skipped = stage_shared(self.stager, state, self.share, world)
-        if skipped:
-            self.ctx.notify("dcp_staged_share", skipped_bytes=skipped)
+    def stage(self, state: Any) -> DcpStaged:
+        """The host copy (``dcp/staging.py``): every DTensor shard, and the replicated tensors
+        this rank writes (``share.py``; all of them on a first save)."""
+        staged = stage_dcp(self.stager, state, self.share, dist.get_world_size() if distributed_job() else 1)
+        if staged.skipped_bytes:
+            self.ctx.notify("dcp_staged_share", skipped_bytes=staged.skipped_bytes)
         return staged
 
-    def write(self, step: int, kind: str, staged: dict, metadata: dict,
+    def write(self, step: int, kind: str, staged: DcpStaged, metadata: dict,
               committed: Callable[[CheckpointInfo], None]) -> CheckpointInfo:
+        try:
+            staged.wait()  # device-to-host copies still running
+            return self._write(step, kind, staged, metadata, committed)
+        finally:
+            self.stager.release(staged.arena)  # after the restore-ready copies read it too
+
+    def _write(self, step: int, kind: str, staged: DcpStaged, metadata: dict,
+               committed: Callable[[CheckpointInfo], None]) -> CheckpointInfo:
         ctx = self.ctx
         group = self._group()
         writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
                                base_cache=self.base_cache, known=self.known,
                                keep_delta_views=ctx.policy.ready_copies and self.ready.writable)
-        flat, self._flat = self._flat, None
         try:
-            md = dcp.save(staged, storage_writer=writer, checkpoint_id=step, process_group=group,
+            md = dcp.save(staged.state_dict, storage_writer=writer, checkpoint_id=step, process_group=group,
                           planner=SharePlanner())
             info = (md.storage_data or {}).get(COMMITTED_KEY) if isinstance(md.storage_data, dict) else None
             if writer.last_manifest is not None:
@@ -136,8 +142,7 @@ class DcpBackend(SaveBackend):
             self.share.forget()  # the next save stages every tensor
             raise DistributedError(f"distributed checkpoint step {step} of job {ctx.job!r} failed: "
                                    f"{writer.failure_report(exc)}") from exc
-        if flat is not None:
-            self.share.learn(flat, dist.get_world_size() if distributed_job() else 1, writer.written_tensors)
+        self.share.learn(staged.flat, dist.get_world_size() if distributed_job() else 1, writer.written_tensors)
         self._coordinator = writer.is_coordinator
         if writer.last_manifest is None:
             self.known.committed(info.step, info.kind)
@@ -151,6 +156,7 @@ class DcpBackend(SaveBackend):
 
     def close(self) -> None:
         self.ready.close()
+        self.stager.close()  # touched staging memory for the next manager of this process
 
     def load(self, manifest: mf.Manifest, into: Any, scratch_bytes: int) -> Any:
         """Load ``manifest`` into ``into`` (in place) or, without a target, as full tensors."""

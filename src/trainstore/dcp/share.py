@@ -8,7 +8,7 @@ training loop's clock. Call order per save:
 1. ``ReplicaShare.skipped(flat)``: the plain tensors this rank did not write in the last
    save of the same layout (none on a first save, after a failure, or when the layout or
    world changed).
-2. ``stage_shared``: stages the rest; a meta tensor stands for each skipped one.
+2. ``staging.stage``: stages the rest; a meta tensor stands for each skipped one.
 3. ``SharePlanner.create_local_plan`` leaves the meta tensors out of this rank's plan (and
    lists them in its ``storage_data``), so the dedup can give each tensor only to a rank
    that staged it.
@@ -26,12 +26,10 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from torch.distributed.tensor import DTensor
 
-from ..checkpoint.save.staging import Stager
 from ..errors import DistributedError
 
 #: ``SavePlan.storage_data`` key of the indices a rank left out of its local plan
@@ -71,19 +69,6 @@ class ReplicaShare:
         self._layout, self._written = None, frozenset()
 
 
-def stage_shared(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare,
-                 world: int) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """(the host copy to save, the flattened source, bytes skipped): every entry staged but
-    the plain tensors ``share`` says another rank writes, which become meta tensors."""
-    flat, mapping = flatten_state_dict(state_dict)
-    skip = share.skipped(flat, world)
-    host = stager.stage_state_dict({k: v for k, v in flat.items() if k not in skip})  # (reused: not modified)
-    # the source's order, so every rank plans its items in the same order
-    out = {k: torch.empty_like(v, device="meta") if k in skip else host[k] for k, v in flat.items()}
-    skipped_bytes = sum(flat[k].numel() * flat[k].element_size() for k in skip)
-    return unflatten_state_dict(out, mapping), flat, skipped_bytes
-
-
 class SharePlanner(DefaultSavePlanner):
     """``DefaultSavePlanner`` that leaves tensors this rank did not stage (meta) out of its
     local plan and names them in the plan's ``storage_data`` (``OMITTED_KEY``)."""
@@ -117,4 +102,4 @@ def check_covered(plans: list[SavePlan]) -> None:
                                "stages every tensor")
 
 
-__all__ = ["OMITTED_KEY", "ReplicaShare", "SharePlanner", "check_covered", "is_plain", "layout_of", "stage_shared"]
+__all__ = ["OMITTED_KEY", "ReplicaShare", "SharePlanner", "check_covered", "is_plain", "layout_of"]
