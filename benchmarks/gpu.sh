@@ -48,7 +48,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.l
 print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
     | tee -a "$OUT_DIR/gpu.txt" || exit 1
 echo "== GPU tests"
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly tests/checkpoint/test_staging_cuda.py \
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly tests/checkpoint/test_staging_cuda.py tests/dcp/test_dcp_staging.py \
     tests/data/test_loader_device.py 2>&1 | tee "$OUT_DIR/tests.txt"
 echo "== disk: trainstore's write pattern without CPU work vs one sequential write + fsync"
 timeout 60 "$PY" benchmarks/disk_pattern.py --gib 1 --rounds 2 --json "$OUT_DIR/disk.json" 2>&1 | tee "$OUT_DIR/disk.txt"

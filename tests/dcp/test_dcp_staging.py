@@ -1,0 +1,74 @@
+"""The host copy of a DCP save (``dcp/staging.py``): plain tensors in aligned arena slots,
+replicated tensors another rank writes left as meta tensors, the state's structure kept.
+
+The CUDA tests are skipped where torch sees no CUDA device (CI has none, on purpose);
+``benchmarks/gpu.sh`` runs them on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+from trainstore import fileio
+from trainstore.checkpoint.save.staging import Stager
+from trainstore.dcp.share import ReplicaShare
+from trainstore.dcp.staging import stage
+from trainstore.devicecopy import cuda_available
+
+pytestmark = pytest.mark.timeout(120)
+needs_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device (CI has none; "
+                                "benchmarks/gpu.sh runs these on a GPU machine)")
+
+
+def state(device: str = "cpu") -> dict:
+    g = torch.Generator(device=device).manual_seed(0)
+    return {"model": {"w": torch.randn(512, 640, device=device, generator=g),
+                      "b": torch.randn(7, device=device, generator=g).to(torch.bfloat16),
+                      "t": torch.randn(64, 48, device=device, generator=g).t()},  # non-contiguous
+            "optim": {"state": {0: {"step": torch.tensor(3.0, device=device)}}, "param_groups": [{"lr": 0.1}]},
+            "epoch": 2}
+
+
+def test_plain_tensors_are_copied_into_aligned_slots_and_the_structure_is_kept():
+    src = state()
+    staged = stage(Stager(pin=False), src, ReplicaShare(), world=1)
+    out = staged.state_dict
+    assert staged.skipped_bytes == 0 and staged.arena is not None
+    assert out["epoch"] == 2 and out["optim"]["param_groups"] == [{"lr": 0.1}]
+    for k, v in src["model"].items():
+        assert torch.equal(out["model"][k], v) and out["model"][k].data_ptr() != v.data_ptr()
+    assert torch.equal(out["optim"]["state"]["0"]["step"], src["optim"]["state"][0]["step"])
+    assert out["model"]["w"].data_ptr() % fileio.DIRECT_ALIGN == 0  # O_DIRECT straight from the slot
+    src["model"]["w"].add_(1.0)  # training goes on: the host copy keeps the saved values
+    assert not torch.equal(out["model"]["w"], src["model"]["w"])
+    assert flatten_state_dict(out)[0].keys() == flatten_state_dict(src)[0].keys()  # dcp.save plans the same items
+
+
+def test_replicated_tensors_another_rank_wrote_are_meta_and_not_copied():
+    src = state()
+    flat, _ = flatten_state_dict(src)
+    share = ReplicaShare()
+    share.learn(flat, 2, frozenset({"model.b", "optim.state.0.step"}))  # rank wrote these last time
+    staged = stage(Stager(pin=False), src, share, world=2)
+    out = staged.state_dict
+    assert out["model"]["w"].is_meta and out["model"]["t"].is_meta and out["model"]["w"].shape == (512, 640)
+    assert torch.equal(out["model"]["b"], src["model"]["b"])
+    assert staged.skipped_bytes == (512 * 640 + 64 * 48) * 4
+    assert stage(Stager(pin=False), src, share, world=4).skipped_bytes == 0  # another world: stage all
+    src["model"]["extra"] = torch.zeros(3)
+    assert stage(Stager(pin=False), src, share, world=2).skipped_bytes == 0  # another layout: stage all
+
+
+@needs_cuda
+def test_cuda_tensors_are_copied_on_a_side_stream_and_waited_for_on_the_save_thread():
+    src = state("cuda")
+    expected = {k: v.cpu() for k, v in src["model"].items()}
+    torch.cuda._sleep(int(50 * 2e6))  # ~50 ms of work queued before the save
+    staged = stage(Stager(), src, ReplicaShare(), world=1)
+    src["model"]["w"].add_(1.0)  # queued after the copy on the training stream: not in the checkpoint
+    staged.wait()
+    for k, v in expected.items():
+        assert torch.equal(staged.state_dict["model"][k], v)
+    assert staged.arena is not None and staged.arena.pinned
