@@ -11,8 +11,11 @@ such objects and never triggered it; ``dcp.async_save`` triggered it on its back
 
 These phases create no reference cycles, so pausing the collector loses nothing: the owed
 collection runs at the first allocation after the phase, outside the caller's blocking time.
-Only bounded phases on the caller's thread are paused (never a background save, which runs
-beside training for seconds). Re-entrant, and a collector the application disabled stays so.
+Only bounded phases are paused: the caller's, and the planning and commit of a DCP save on
+the save thread (``dcp.writer.StorageWriter(pause_gc=True)``), whose short-lived objects,
+promoted by collections the training set off meanwhile, otherwise brought on a full
+collection every few saves; never a save's writes, which run beside training for seconds.
+Re-entrant, and a collector the application disabled stays so.
 """
 
 from __future__ import annotations

@@ -141,3 +141,40 @@ def test_small_tensors_of_one_state_entry_share_a_pack(tmp_path):
            "optim": {k: {n: torch.zeros_like(v) for n, v in d.items()} for k, d in sd["optim"].items()}}
     dcp.load(out, storage_reader=StorageReader(str(tmp_path), "j"), no_dist=True)
     assert all(torch.equal(out[top][k][n], sd[top][k][n]) for top in sd for k in sd[top] for n in sd[top][k])
+
+
+def test_planning_and_commit_run_with_the_collector_paused_and_the_writes_without(tmp_path):
+    """``pause_gc``: the collector is off while DCP plans and the coordinator commits (their
+    short-lived objects set off full collections otherwise), on during the writes, and on
+    again after ``end_gc_pause`` whether the save succeeded or failed."""
+    import gc
+
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    seen: dict[str, list[bool]] = {"plan": [], "write": [], "commit": []}
+
+    class Planner(DefaultSavePlanner):
+        def create_local_plan(self):
+            seen["plan"].append(gc.isenabled())
+            return super().create_local_plan()
+
+        def resolve_data(self, write_item):
+            seen["write"].append(gc.isenabled())
+            return super().resolve_data(write_item)
+
+    class Writer(StorageWriter):
+        def finish(self, metadata, results):
+            seen["commit"].append(gc.isenabled())
+            return super().finish(metadata, results)
+
+    assert gc.isenabled()
+    for step in (1, 1):  # the second fails in planning: the step exists
+        w = Writer(str(tmp_path), "j", step, options=SMALL, pause_gc=True)
+        try:
+            dcp.save(state(1), storage_writer=w, planner=Planner(), no_dist=True)
+        except BaseException:  # noqa: BLE001 - CheckpointException
+            assert step == 1 and seen["commit"] == [False]
+        finally:
+            w.end_gc_pause()
+        assert gc.isenabled()
+    assert seen["plan"] == [False, False] and seen["write"] and all(seen["write"]), seen

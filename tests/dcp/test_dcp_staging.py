@@ -12,9 +12,9 @@ import torch
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from trainstore import fileio
-from trainstore.checkpoint.save.staging import Stager
+from trainstore.checkpoint.save.staging import Stager, plan_sizes
 from trainstore.dcp.share import ReplicaShare
-from trainstore.dcp.staging import stage
+from trainstore.dcp.staging import plain_sizes, stage
 from trainstore.devicecopy import cuda_available
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,6 +59,18 @@ def test_replicated_tensors_another_rank_wrote_are_meta_and_not_copied():
     assert stage(Stager(pin=False), src, share, world=4).skipped_bytes == 0  # another world: stage all
     src["model"]["extra"] = torch.zeros(3)
     assert stage(Stager(pin=False), src, share, world=2).skipped_bytes == 0  # another layout: stage all
+
+
+@pytest.mark.parametrize("template", ["state", "specs"])
+def test_reserve_holds_the_first_saves_plain_tensors(template):
+    src = state()
+    specs = {"model": {k: (tuple(v.shape), v.dtype) for k, v in src["model"].items()},
+             "optim": {"state": {0: {"step": ((), torch.float32)}}}}
+    stager = Stager(pin=False)
+    stager.reserve(plan_sizes(plain_sizes(src if template == "state" else specs))[1], 1, False)
+    made = stager.allocations
+    staged = stage(stager, src, ReplicaShare(), world=1)
+    assert stager.allocations == made == 1 and not staged.arena.fresh  # copied into touched memory
 
 
 @needs_cuda

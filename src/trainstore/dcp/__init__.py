@@ -6,6 +6,7 @@ every rank writes its shards as content-addressed, compressed, verified chunks i
 commits one manifest (JSON, no pickle) after every rank succeeded. See docs/distributed.md.
 """
 
+from .basecache import BaseCache
 from .coordination import (
     CheckpointTarget,
     describe_failure,
@@ -13,7 +14,7 @@ from .coordination import (
     parse_checkpoint_id,
 )
 from .reader import StorageReader
-from .writer import BaseCache, StorageWriter
+from .writer import StorageWriter
 
 __all__ = ["StorageWriter", "StorageReader", "BaseCache", "CheckpointTarget", "parse_checkpoint_id",
            "format_checkpoint_id", "describe_failure"]

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 from ..checkpoint.backend import SaveBackend, SaveContext, distributed_job
 from ..checkpoint.format import manifest as mf
 from ..checkpoint.format.ready import ReadyCopies
-from ..checkpoint.save.staging import Stager
+from ..checkpoint.save.staging import Stager, plan_sizes
 from ..checkpoint.types import CheckpointInfo
 from ..errors import (
     AlreadyExistsError,
@@ -37,6 +37,7 @@ from ..errors import (
     StoreUnavailableError,
     TrainstoreError,
 )
+from .basecache import BaseCache
 from .coordination import (
     RANK_COMMITTED,
     KnownManifests,
@@ -47,8 +48,8 @@ from .coordination import (
 )
 from .reader import StorageReader
 from .share import ReplicaShare, SharePlanner
-from .staging import DcpStaged, stage as stage_dcp
-from .writer import COMMITTED_KEY, BaseCache, StorageWriter
+from .staging import DcpStaged, plain_sizes, stage as stage_dcp
+from .writer import COMMITTED_KEY, StorageWriter
 
 log = logging.getLogger("trainstore.dcp")
 
@@ -60,7 +61,7 @@ class DcpBackend(SaveBackend):
 
     def __init__(self, ctx: SaveContext) -> None:
         super().__init__(ctx)
-        self.stager = Stager()  # stage_state_dict: the host copy reused across saves
+        self.stager = Stager(ctx.pin_memory)  # the host copy reused across saves (dcp/staging.py)
         self.base_cache = BaseCache() if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every else None
         self.known = KnownManifests()  # manifests committed or read by this job's saves (not re-read)
         self.ready = ReadyCopies(ctx.store, ctx.job)  # this node's copies of its ranks' delta pieces
@@ -107,6 +108,13 @@ class DcpBackend(SaveBackend):
         if store.write_view().exists(mf.manifest_key(job, step)):  # the commit re-checks lower tiers
             raise AlreadyExistsError(f"checkpoint step {step} of job {job!r} already exists in {store.url}")
 
+    def reserve(self, template: Any, background: bool) -> None:
+        """The arena of the first save's plain tensors (it stages all of them: which ones this
+        rank writes is learned from it)."""
+        sizes = plain_sizes(template)
+        if sizes:
+            self.stager.reserve(plan_sizes(sizes)[1], 1, background)
+
     def stage(self, state: Any) -> DcpStaged:
         """The host copy (``dcp/staging.py``): every DTensor shard, and the replicated tensors
         this rank writes (``share.py``; all of them on a first save)."""
@@ -129,10 +137,13 @@ class DcpBackend(SaveBackend):
         group = self._group()
         writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
                                base_cache=self.base_cache, known=self.known,
-                               keep_delta_views=ctx.policy.ready_copies and self.ready.writable)
+                               keep_delta_views=ctx.policy.ready_copies and self.ready.writable, pause_gc=True)
         try:
-            md = dcp.save(staged.state_dict, storage_writer=writer, checkpoint_id=step, process_group=group,
-                          planner=SharePlanner())
+            try:
+                md = dcp.save(staged.state_dict, storage_writer=writer, checkpoint_id=step, process_group=group,
+                              planner=SharePlanner())
+            finally:
+                writer.end_gc_pause()
             info = (md.storage_data or {}).get(COMMITTED_KEY) if isinstance(md.storage_data, dict) else None
             if writer.last_manifest is not None:
                 info = CheckpointInfo.from_manifest(writer.last_manifest)

@@ -24,7 +24,7 @@ import torch
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 
 from ..checkpoint.format.state import Leaf, torch_dtype_name
-from ..checkpoint.save.staging import Arena, StagedTensor, Stager, plan
+from ..checkpoint.save.staging import Arena, StagedTensor, Stager, plan, template_sizes
 from .share import ReplicaShare, is_plain
 
 
@@ -49,6 +49,14 @@ class DcpStaged:
 def _leaf(name: str, t: torch.Tensor) -> Leaf:
     n = t.numel() * t.element_size()
     return Leaf(name, name, t, torch_dtype_name(t.dtype), tuple(t.shape), n, t.element_size())
+
+
+def plain_sizes(template: Any) -> list[int]:
+    """Bytes of the plain tensors ``stage`` copies into an arena for states like ``template``
+    (the state, meta tensors or ``(shape, dtype)`` specs; DTensor shards are not in it):
+    what ``reserve`` allocates ahead of a first save, which stages every one of them."""
+    flat = flatten_state_dict(template)[0] if isinstance(template, dict) else {}
+    return template_sizes({k: v for k, v in flat.items() if is_plain(v) or not isinstance(v, torch.Tensor)})
 
 
 def stage(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare, world: int) -> DcpStaged:
@@ -76,4 +84,4 @@ def stage(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare, world
     return DcpStaged(unflatten_state_dict(out, mapping), flat, skipped, arena, tensors)
 
 
-__all__ = ["DcpStaged", "stage"]
+__all__ = ["DcpStaged", "plain_sizes", "stage"]

@@ -26,7 +26,6 @@ import time
 import uuid
 from typing import Any
 
-import numpy as np
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
@@ -44,8 +43,10 @@ from ..checkpoint.types import CheckpointInfo
 from ..chunks import ChunkStore
 from ..codecs import CodecConfig
 from ..errors import ConfigError, ManifestError, TrainstoreError
+from ..gcpause import gc_paused
 from ..store import open_store
 from ..store.base import Store
+from .basecache import BaseCache
 from .coordination import (
     KnownManifests,
     describe_failure,
@@ -62,37 +63,6 @@ from .metadata import index_to_json, metadata_to_json, shard_name
 from .share import check_covered
 
 log = logging.getLogger("trainstore.dcp")
-
-
-class BaseCache:
-    """This rank's copy of its shards of the last full checkpoint, so incrementals XOR against
-    memory instead of reading (and decoding) the base's chunks from the store. Costs one copy
-    of the rank's state; buffers are reused when the layout does not change. Pass the same
-    instance to the writers of consecutive saves."""
-
-    def __init__(self) -> None:
-        self.job: str | None = None
-        self.step: int | None = None
-        self._bufs: dict[str, np.ndarray] = {}
-        self._spare: dict[str, np.ndarray] = {}
-
-    def start(self, job: str, step: int | None) -> None:
-        """A new full checkpoint begins: forget the old base (its buffers are reused)."""
-        self._spare, self._bufs = {**self._spare, **self._bufs}, {}
-        self.job, self.step = job, step
-
-    def add(self, staged: list) -> None:
-        for st in staged:
-            buf = self._spare.pop(st.name, None)
-            if buf is None or buf.nbytes != st.data.nbytes:
-                buf = np.empty(st.data.nbytes, dtype=np.uint8)
-            np.copyto(buf, np.frombuffer(st.data, dtype=np.uint8))
-            self._bufs[st.name] = buf
-
-    def views(self, job: str, step: int) -> dict[str, memoryview]:
-        if job != self.job or step != self.step:
-            return {}
-        return {n: memoryview(b) for n, b in self._bufs.items()}
 
 
 #: ``Metadata.storage_data`` key of what ``dcp.save`` returns on every rank: the commit's ``CheckpointInfo``
@@ -135,13 +105,19 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     staged bytes, for the restore-ready copies the manager writes after the commit
     (``checkpoint.format.ready``); only where the staged bytes outlive the save (the manager's
     host copy), since the views keep them alive.
+    ``pause_gc``: the cyclic collector is off from ``set_up_storage_writer`` to ``write_data``
+    and from the end of ``write_data`` until the caller calls ``end_gc_pause`` after
+    ``dcp.save`` (``gcpause``): planning and the commit make thousands of short-lived objects
+    (plans, metadata, results) that, promoted while a background save runs beside training,
+    set off a full collection every few saves (0.2 s holding the GIL in a process with
+    transformers loaded). The writes in between keep the collector on.
     """
 
     def __init__(self, store: str | Store, job: str, step: int | None = None, *, kind: str = "full",
                  options: WriteOptions | None = None, store_options: dict | None = None,
                  metadata: dict | None = None, cache_staged_state_dict: bool = False,
                  base_cache: BaseCache | None = None, known: KnownManifests | None = None,
-                 keep_delta_views: bool = False) -> None:
+                 keep_delta_views: bool = False, pause_gc: bool = False) -> None:
         _TorchStorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         if kind not in mf.KINDS:
@@ -157,6 +133,8 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.known = known if known is not None else KnownManifests()
         self._host_copy = Stager()  # stage()'s reusable host copy (cache_staged_state_dict)
         self.keep_delta_views = keep_delta_views
+        self.pause_gc = pause_gc
+        self._gc_held = False
         self.delta_views: list[tuple[str, memoryview]] = []  # (piece hash, raw bytes) of this rank's changed pieces
         self.is_coordinator = False
         self.rank = 0
@@ -209,6 +187,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=uuid.uuid4().hex)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._hold_gc(True)  # planning
         self.is_coordinator = bool(is_coordinator)
         self._started = time.time()
         rank = kwargs.get("rank")
@@ -242,11 +221,24 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         fut: Future[list[WriteResult]] = Future()
+        self._hold_gc(False)  # the writes: seconds on a large state, the collector stays on
         try:
             fut.set_result(self._write(plan, planner))
         except Exception as exc:  # noqa: BLE001 - name the rank whatever failed
             raise rank_error(self.rank, self.step, self.job, "write", exc) from exc
+        finally:
+            self._hold_gc(True)  # DCP gathers the results, the coordinator commits
         return fut
+
+    def end_gc_pause(self) -> None:
+        """The caller, once ``dcp.save`` returned or raised (``pause_gc``)."""
+        self._hold_gc(False)
+
+    def _hold_gc(self, on: bool) -> None:
+        if self.pause_gc and on != self._gc_held:
+            pause = gc_paused()
+            pause.__enter__() if on else pause.__exit__(None, None, None)
+            self._gc_held = on
 
     def failure_report(self, exc: BaseException) -> str:
         """Describe a failed save, naming the ranks that never finished writing when a
@@ -390,4 +382,4 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                  m.written_bytes / 1e6)
 
 
-__all__ = ["StorageWriter", "BaseCache", "COMMITTED_KEY"]
+__all__ = ["StorageWriter", "COMMITTED_KEY"]
