@@ -72,7 +72,10 @@ def test_sigkill_of_one_rank_mid_async_save_restarts_from_the_newest_committed_s
 
 
 @pytest.mark.stress
-@pytest.mark.parametrize("kill_rank,kill_step,kill_after", [(0, 8, 0), (1, 8, 3), (0, 12, 2), (1, 12, 0)])
+# kill points inside one save's chunk writes: with small tensors packed (DCP names too, since
+# 2026-12-07), a rank writes only a few chunks per save of this tiny model; a later kill point
+# would land in the next save (the test then sees step 8 committed, as it should be)
+@pytest.mark.parametrize("kill_rank,kill_step,kill_after", [(0, 8, 0), (1, 8, 1), (0, 12, 2), (1, 12, 0)])
 def test_sigkill_of_one_rank_loop(tmp_path, kill_rank, kill_step, kill_after):
     kill_and_restart(tmp_path, kill_rank, kill_step, kill_after)
 
