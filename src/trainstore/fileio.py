@@ -88,7 +88,8 @@ def _bounce_buffer() -> np.ndarray:
 
 def write_direct(fd: int, data: Buffer) -> None:
     """Write ``data`` to ``fd`` opened with ``O_DIRECT`` at offset 0: the 4 KiB-multiple head
-    with ``O_DIRECT`` (no page cache), straight from ``data`` when it starts aligned, else copied through ``_bounce_buffer`` a segment at a time; then
+    with ``O_DIRECT`` (no page cache), straight from ``data`` when it starts aligned, else
+    copied through ``_bounce_buffer`` a segment at a time; then
     ``O_DIRECT`` is cleared and the tail written buffered, so the file holds exactly ``data``.
     The caller still fsyncs (size, tail).
 

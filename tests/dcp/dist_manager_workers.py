@@ -253,7 +253,7 @@ def manager_replica_share(rank: int, world: int, args: dict) -> dict:
         mgr.restore_into(target, step=step)
         exact.append(same_ddp(target, ddp_state(step)))
     real = ReplicaShare.skipped
-    ReplicaShare.skipped = lambda self, flat, w: frozenset({"model.l0"})  # type: ignore[method-assign]
+    ReplicaShare.skipped = lambda self, layout, flat: frozenset({"model.l0"})  # type: ignore[method-assign]
     try:
         mgr.save(4, ddp_state(4))
         try:

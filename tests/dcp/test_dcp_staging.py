@@ -13,7 +13,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from trainstore import fileio
 from trainstore.checkpoint.save.staging import Stager, plan_sizes
-from trainstore.dcp.share import ReplicaShare
+from trainstore.dcp.share import ReplicaShare, layout_of
 from trainstore.dcp.staging import plain_sizes, stage
 from trainstore.devicecopy import cuda_available
 
@@ -50,7 +50,7 @@ def test_replicated_tensors_another_rank_wrote_are_meta_and_not_copied():
     src = state()
     flat, _ = flatten_state_dict(src)
     share = ReplicaShare()
-    share.learn(flat, 2, frozenset({"model.b", "optim.state.0.step"}))  # rank wrote these last time
+    share.learn(layout_of(flat, 2), frozenset({"model.b", "optim.state.0.step"}))  # rank wrote these last time
     staged = stage(Stager(pin=False), src, share, world=2)
     out = staged.state_dict
     assert out["model"]["w"].is_meta and out["model"]["t"].is_meta and out["model"]["w"].shape == (512, 640)

@@ -153,7 +153,7 @@ class DcpBackend(SaveBackend):
             self.share.forget()  # the next save stages every tensor
             raise DistributedError(f"distributed checkpoint step {step} of job {ctx.job!r} failed: "
                                    f"{writer.failure_report(exc)}") from exc
-        self.share.learn(staged.flat, dist.get_world_size() if distributed_job() else 1, writer.written_tensors)
+        self.share.learn(staged.layout, writer.written_tensors)
         self._coordinator = writer.is_coordinator
         if writer.last_manifest is None:
             self.known.committed(info.step, info.kind)

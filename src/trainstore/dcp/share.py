@@ -5,9 +5,9 @@ replicated tensor is written by one rank. Staging still copied the whole state o
 rank: N times the host memory and device-to-host copies that the save writes, on the
 training loop's clock. Call order per save:
 
-1. ``ReplicaShare.skipped(flat)``: the plain tensors this rank did not write in the last
-   save of the same layout (none on a first save, after a failure, or when the layout or
-   world changed).
+1. ``ReplicaShare.skipped(layout_of(flat, world), flat)``: the plain tensors this rank did
+   not write in the last save of the same layout (none on a first save, after a failure, or
+   when the layout or world changed).
 2. ``staging.stage``: stages the rest; a meta tensor stands for each skipped one.
 3. ``SharePlanner.create_local_plan`` leaves the meta tensors out of this rank's plan (and
    lists them in its ``storage_data``), so the dedup can give each tensor only to a rank
@@ -15,7 +15,8 @@ training loop's clock. Call order per save:
 4. ``check_covered`` (``StorageWriter.prepare_global_plan``, on the coordinator): every
    tensor left out is written by some rank, else the save fails naming them before anything
    is written (``DistributedError``) and the next save stages everything.
-5. ``ReplicaShare.learn``: after the commit, what this rank wrote.
+5. ``ReplicaShare.learn``: after the commit, what this rank wrote, for the layout of step 1
+   (kept instead of the flattened state, which holds the live tensors).
 
 DTensors (FSDP, TP shards) are always staged: each rank writes its own shards anyway.
 """
@@ -56,14 +57,15 @@ class ReplicaShare:
         self._layout: tuple | None = None
         self._written: frozenset[str] = frozenset()
 
-    def skipped(self, flat: dict[str, Any], world: int) -> frozenset[str]:
-        """Plain tensors of ``flat`` another rank wrote last time (empty unless learned for this layout)."""
-        if world < 2 or self._layout != layout_of(flat, world):
+    def skipped(self, layout: tuple, flat: dict[str, Any]) -> frozenset[str]:
+        """Plain tensors of ``flat`` (whose ``layout_of`` is ``layout``) another rank wrote
+        last time: none unless learned for this layout, with 2+ ranks."""
+        if layout[0] < 2 or self._layout != layout:
             return frozenset()
         return frozenset(k for k, v in flat.items() if is_plain(v) and k not in self._written)
 
-    def learn(self, flat: dict[str, Any], world: int, written: frozenset[str]) -> None:
-        self._layout, self._written = layout_of(flat, world), written
+    def learn(self, layout: tuple, written: frozenset[str]) -> None:
+        self._layout, self._written = layout, written
 
     def forget(self) -> None:
         self._layout, self._written = None, frozenset()

@@ -25,17 +25,17 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflat
 
 from ..checkpoint.format.state import Leaf, torch_dtype_name
 from ..checkpoint.save.staging import Arena, StagedTensor, Stager, plan, template_sizes
-from .share import ReplicaShare, is_plain
+from .share import ReplicaShare, is_plain, layout_of
 
 
 @dataclass
 class DcpStaged:
-    """What ``stage`` made: the dict ``dcp.save`` writes, the flattened live state it came
-    from (``ReplicaShare.learn``), bytes left to other ranks, and the arena of the plain
-    tensors (given back after the write)."""
+    """What ``stage`` made: the dict ``dcp.save`` writes, the layout of the live state it came
+    from (``ReplicaShare.learn``; not the state, whose live tensors it would keep alive), bytes
+    left to other ranks, and the arena of the plain tensors (given back after the write)."""
 
     state_dict: dict[str, Any]
-    flat: dict[str, Any]
+    layout: tuple
     skipped_bytes: int
     arena: Arena | None = None
     tensors: list[StagedTensor] = field(default_factory=list)
@@ -62,7 +62,8 @@ def plain_sizes(template: Any) -> list[int]:
 def stage(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare, world: int) -> DcpStaged:
     """Copy ``state_dict`` to host memory for ``dcp.save`` (see the module docstring)."""
     flat, mapping = flatten_state_dict(state_dict)
-    skip = share.skipped(flat, world)
+    layout = layout_of(flat, world)
+    skip = share.skipped(layout, flat)
     plain = [_leaf(k, v) for k, v in flat.items() if k not in skip and is_plain(v)]
     rest = {k: v for k, v in flat.items() if k not in skip and not is_plain(v)}
     host = stager.stage_state_dict(rest) if rest else {}  # (reused across saves: not modified)
@@ -81,7 +82,7 @@ def stage(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare, world
     # the source's order, so every rank plans its items in the same order
     out = {k: torch.empty_like(v, device="meta") if k in skip else host[k] for k, v in flat.items()}
     skipped = sum(flat[k].numel() * flat[k].element_size() for k in skip)
-    return DcpStaged(unflatten_state_dict(out, mapping), flat, skipped, arena, tensors)
+    return DcpStaged(unflatten_state_dict(out, mapping), layout, skipped, arena, tensors)
 
 
 __all__ = ["DcpStaged", "plain_sizes", "stage"]

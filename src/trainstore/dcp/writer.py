@@ -235,10 +235,13 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self._hold_gc(False)
 
     def _hold_gc(self, on: bool) -> None:
-        if self.pause_gc and on != self._gc_held:
-            pause = gc_paused()
-            pause.__enter__() if on else pause.__exit__(None, None, None)
-            self._gc_held = on
+        if not self.pause_gc or on == self._gc_held:
+            return
+        if on:
+            gc_paused().__enter__()
+        else:
+            gc_paused().__exit__(None, None, None)
+        self._gc_held = on
 
     def failure_report(self, exc: BaseException) -> str:
         """Describe a failed save, naming the ranks that never finished writing when a
