@@ -20,6 +20,7 @@ from ..errors import TrainstoreError
 from .backend import SaveBackend, SaveContext
 from .format import layout, manifest as mf
 from .format.manifest import ChunkEntry, Manifest, TensorEntry
+from .format.ratios import RatioMemo
 from .format.ready import ReadyCopies, ready_pieces
 from .format.state import flatten
 from .restore.reader import load_into, load_state
@@ -37,6 +38,7 @@ class SingleProcessBackend(SaveBackend):
     def __init__(self, ctx: SaveContext) -> None:
         super().__init__(ctx)
         self.stager = Stager(ctx.pin_memory)
+        self.ratios = RatioMemo(ctx.options.resample_every)  # sampled codec ratios, across saves
         self._base: Manifest | None = None  # last full checkpoint committed through this backend
         self._base_views: dict[str, memoryview] | None = None
         self._base_arena: Arena | None = None
@@ -79,7 +81,8 @@ class SingleProcessBackend(SaveBackend):
             lookup = self._lookup(base) if base is not None else None
             mode = lossy.policy_mode(ctx.policy)
             codecs = lossy.lossy_codecs([(t.name, t.dtype) for t in tensors], mode)
-            entries, stats = write_tensors(ctx.chunks, [t for t in tensors if t.name not in codecs], ctx.options, lookup)
+            entries, stats = write_tensors(ctx.chunks, [t for t in tensors if t.name not in codecs], ctx.options, lookup,
+                                          ratios=self.ratios)
             if codecs:  # opt-in lossy optimizer moments: always whole pieces, never deltas
                 entries, stats = _merge(tensors, (entries, stats), lossy.write_lossy(
                     ctx.chunks, [t for t in tensors if t.name in codecs], codecs, ctx.options))

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 
 from ..checkpoint.backend import SaveBackend, SaveContext, distributed_job
 from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.ratios import RatioMemo
 from ..checkpoint.format.ready import ReadyCopies
 from ..checkpoint.save.staging import Stager, plan_sizes
 from ..checkpoint.types import CheckpointInfo
@@ -66,6 +67,7 @@ class DcpBackend(SaveBackend):
         self.known = KnownManifests()  # manifests committed or read by this job's saves (not re-read)
         self.ready = ReadyCopies(ctx.store, ctx.job)  # this node's copies of its ranks' delta pieces
         self.share = ReplicaShare()  # the replicated tensors this rank writes (share.py)
+        self.ratios = RatioMemo(ctx.options.resample_every)  # sampled codec ratios, across saves
         self._groups: tuple[Any, Any] | None = None
         self._coordinator = True  # until a save says otherwise (set_up_storage_writer)
 
@@ -136,7 +138,7 @@ class DcpBackend(SaveBackend):
         ctx = self.ctx
         group = self._group()
         writer = StorageWriter(ctx.store, ctx.job, step, kind=kind, options=ctx.options, metadata=metadata,
-                               base_cache=self.base_cache, known=self.known,
+                               base_cache=self.base_cache, known=self.known, ratios=self.ratios,
                                keep_delta_views=ctx.policy.ready_copies and self.ready.writable, pause_gc=True)
         try:
             try:

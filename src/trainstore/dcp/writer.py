@@ -35,6 +35,7 @@ from torch.futures import Future
 
 from ..checkpoint.format import layout, manifest as mf
 from ..checkpoint.format.manifest import ChunkEntry, Manifest, TensorEntry
+from ..checkpoint.format.ratios import RatioMemo
 from ..checkpoint.format.ready import entry_ready_pieces
 from ..checkpoint.save import lease
 from ..checkpoint.save.staging import Stager
@@ -105,6 +106,8 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
     staged bytes, for the restore-ready copies the manager writes after the commit
     (``checkpoint.format.ready``); only where the staged bytes outlive the save (the manager's
     host copy), since the views keep them alive.
+    ``ratios``: sampled compression ratios kept across the saves of the job
+    (``checkpoint.format.ratios``; None: every piece sampled).
     ``pause_gc``: the cyclic collector is off from ``set_up_storage_writer`` to ``write_data``
     and from the end of ``write_data`` until the caller calls ``end_gc_pause`` after
     ``dcp.save`` (``gcpause``): planning and the commit make thousands of short-lived objects
@@ -117,7 +120,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                  options: WriteOptions | None = None, store_options: dict | None = None,
                  metadata: dict | None = None, cache_staged_state_dict: bool = False,
                  base_cache: BaseCache | None = None, known: KnownManifests | None = None,
-                 keep_delta_views: bool = False, pause_gc: bool = False) -> None:
+                 keep_delta_views: bool = False, pause_gc: bool = False, ratios: RatioMemo | None = None) -> None:
         _TorchStorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         if kind not in mf.KINDS:
@@ -131,6 +134,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.metadata = dict(metadata or {})
         self.base_cache = base_cache
         self.known = known if known is not None else KnownManifests()
+        self.ratios = ratios
         self._host_copy = Stager()  # stage()'s reusable host copy (cache_staged_state_dict)
         self.keep_delta_views = keep_delta_views
         self.pause_gc = pause_gc
@@ -295,7 +299,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
                     st = stage_tensor(name, planner.resolve_data(item), keep)  # type: ignore[arg-type]
                     staged.append(st)
                     pending.append((item, {"tensor": name, "names": [name]}))
-            group_entries, group_stats = write_tensors(chunks, staged, self.options, lookup)
+            group_entries, group_stats = write_tensors(chunks, staged, self.options, lookup, ratios=self.ratios)
             entries.update(group_entries)
             for f in dataclasses.fields(WriteStats):
                 setattr(stats, f.name, getattr(stats, f.name) + getattr(group_stats, f.name))

@@ -40,6 +40,7 @@ from ...digests import Hasher, digests, hasher
 from ...hostmem import empty_array
 from .manifest import ChunkEntry
 from .packs import build_pack
+from .ratios import RatioMemo
 
 #: Try the plain codec too when the XOR delta compresses worse than this fraction of raw.
 #: (AdamW moments change completely between checkpoints: their XOR deltas compress to ~0.75 of
@@ -180,8 +181,10 @@ class PieceEncoder:
 
     def __init__(self, chunks: ChunkStore, *, codec: str, delta_codec: str, level: int,
                  threads: int, incompressible_ratio: float | None, cpu_threads: int,
-                 raw_above: float | None = None) -> None:
+                 raw_above: float | None = None, ratios: RatioMemo | None = None) -> None:
         self.chunks = chunks
+        #: sampled ratios kept across saves (``ratios.py``), for pieces a caller names by a key
+        self.ratios = ratios
         #: held around hashing, XOR, sampling and encoding (not I/O): at most ``cpu_threads``
         #: of the writer's threads use a core at once
         self.cpu = threading.BoundedSemaphore(cpu_threads)
@@ -200,14 +203,25 @@ class PieceEncoder:
         self.incompressible_ratio = (auto_incompressible_ratio(cpu_threads, self._local)
                                      if incompressible_ratio is None else incompressible_ratio)
 
-    def _ratio(self, data: memoryview, codec: str, itemsize: int) -> float:
-        """Compressed/raw size of a sample (256 KiB from the middle) of ``data``."""
+    def _ratio(self, data: memoryview, codec: str, itemsize: int, key: tuple | None = None) -> float:
+        """Compressed/raw size of a sample (256 KiB from the middle) of ``data``, or the one
+        remembered for ``key`` (``ratios``)."""
         if codec == "raw":
             return 1.0
-        sample = data[_sample_window(data.nbytes)]
+        return self._remembered(key, codec, data.nbytes,
+                                lambda: self._sampled(data[_sample_window(data.nbytes)], codec, itemsize))
+
+    def _remembered(self, key: tuple | None, codec: str, n: int, sample: Callable[[], float]) -> float:
+        if self.ratios is None or key is None:
+            return sample()
+        return self.ratios.ratio((*key, codec, n), sample)
+
+    def _sampled(self, sample: memoryview, codec: str, itemsize: int) -> float:
+        """Compressed/raw size of ``sample``, encoded under the CPU gate."""
         if sample.nbytes == 0:
             return 1.0
-        enc = encode(sample, codec, itemsize, level=self.level, threads=self.threads)
+        with self.cpu:
+            enc = encode(sample, codec, itemsize, level=self.level, threads=self.threads)
         return memoryview(enc).nbytes / sample.nbytes
 
     def _digests(self, data: memoryview) -> tuple[str, str]:
@@ -222,9 +236,10 @@ class PieceEncoder:
 
     # -- plain pieces ----------------------------------------------------------------------
     def plain(self, data: memoryview, itemsize: int, sums: tuple[str, str] | None = None, *,
-              codec: str | None = None, raw_above: float | None = None) -> PieceResult:
+              codec: str | None = None, raw_above: float | None = None, key: tuple | None = None) -> PieceResult:
         """Store the piece itself: compressed, or raw when a sample shows it saves too little.
-        ``sums``: the piece's ``digests`` when the caller has them.
+        ``sums``: the piece's ``digests`` when the caller has them; ``key``: names the piece
+        across saves (``(tensor, index)``), so its sampled ratio can be reused (``ratios``).
 
         Defaults are those of full checkpoints (``codec``, ``raw_above``); incrementals pass
         their delta codec and ``incompressible_ratio``.
@@ -232,21 +247,20 @@ class PieceEncoder:
         codec = codec or self.codec
         limit = self.raw_above if raw_above is None else raw_above
         h, check = sums or self._digests(data)
-        if codec != "raw":
-            with self.cpu:
-                if self._ratio(data, codec, itemsize) > limit:
-                    codec = "raw"
+        if self._ratio(data, codec, itemsize, None if key is None else ("plain", *key)) > limit:
+            codec = "raw"
         ref, written = self._put(data, codec, itemsize, h)
         return PieceResult(ChunkEntry(ref, check=check), written, ref.stored)
 
     # -- incremental pieces ----------------------------------------------------------------
     def against_base(self, data: memoryview, itemsize: int, base: ChunkEntry,
-                     base_bytes: Callable[[], memoryview]) -> PieceResult:
+                     base_bytes: Callable[[], memoryview], key: tuple | None = None) -> PieceResult:
         """Same-as-base reference, XOR delta, or plain piece: whichever is smallest.
 
-        Sizes are estimated on a 256 KiB sample of each candidate, so the piece is compressed
-        once; when the delta compresses to under ``TRY_PLAIN_ABOVE`` the plain candidate is not
-        even sampled (it cannot win by much then). A delta that would be stored raw (above
+        Sizes are estimated on a 256 KiB sample of each candidate (or reused from an earlier
+        save's sample of the same piece, ``ratios``), so the piece is compressed once; when
+        the delta compresses to under ``TRY_PLAIN_ABOVE`` the plain candidate is not even
+        sampled (it cannot win by much then). A delta that would be stored raw (above
         ``incompressible_ratio``) loses to the plain piece: as many bytes, and a restore of
         the plain one reads no base.
         """
@@ -256,35 +270,41 @@ class PieceEncoder:
         if base.base is None and base.logical_hash() == h and base.size == n:  # (the check: the base's may predate them)
             return PieceResult(replace(base, same_as_base=True, check=check), 0, 0)
         if base.base is not None or base.span is not None or base.ref.size != n:
-            return self._plain_incremental(data, itemsize, sums)  # (a packed base piece: no XOR inside packs)
+            return self._plain_incremental(data, itemsize, sums, key=key)  # (a packed base piece: no XOR inside packs)
         base_view = base_bytes()  # may read the base chunk from the store: outside the gate
-        with self.cpu:
+        win = _sample_window(n)
+
+        def delta_ratio() -> float:
             # the delta's sample is the XOR of the pieces' samples: the whole delta is made
             # only when it is kept
-            win = _sample_window(n)
-            sample = xor_into(data[win], base_view[win], scratch(n))
-            r_delta = self._ratio(memoryview(sample), self.delta_codec, itemsize)
-            r_plain = None
-            if r_delta > TRY_PLAIN_ABOVE:
-                r_plain = min(self._ratio(data, self.delta_codec, itemsize), 1.0)
-            use_plain = (r_plain is not None and r_plain < r_delta) or r_delta > self.incompressible_ratio
-            if not use_plain:
-                delta = memoryview(xor_into(data, base_view, scratch(n)))
-                delta_hash = content_hash(delta)
+            with self.cpu:
+                sample = xor_into(data[win], base_view[win], scratch(n))
+            return self._sampled(memoryview(sample), self.delta_codec, itemsize)
+
+        r_delta = 1.0 if self.delta_codec == "raw" else self._remembered(
+            None if key is None else ("delta", *key), self.delta_codec, n, delta_ratio)
+        r_plain = None
+        if r_delta > TRY_PLAIN_ABOVE:
+            r_plain = min(self._ratio(data, self.delta_codec, itemsize, None if key is None else ("plain", *key)), 1.0)
+        use_plain = (r_plain is not None and r_plain < r_delta) or r_delta > self.incompressible_ratio
         if use_plain:
             return self._plain_incremental(data, itemsize, sums, r_plain)
+        with self.cpu:
+            delta = memoryview(xor_into(data, base_view, scratch(n)))
+            delta_hash = content_hash(delta)
         ref, written = self._put(delta, self.delta_codec, itemsize, delta_hash)
         # the check is the piece's (what a restore rebuilds), the delta chunk has none of its own
         return PieceResult(ChunkEntry(ref, base.ref, h, check=check), written, ref.stored)
 
     # -- packs of small tensors (packs.py) --------------------------------------------------
     def pack(self, members: list[tuple[memoryview, ChunkEntry | None]], itemsize: int,
-             incremental: bool) -> list[PieceResult]:
+             incremental: bool, key: tuple | None = None) -> list[PieceResult]:
         """Store small tensors (``(bytes, base piece or None)``) as one pack chunk.
 
         A member equal to its base piece (hash) becomes a same-as-base reference; the others
         are packed together (full: the full codec; incremental: the delta codec). The pack's
-        written and owned bytes are counted on its first member."""
+        written and owned bytes are counted on its first member. ``key``: names the pack
+        across saves (``plain``)."""
         with self.cpu:
             sums = [digests(v) for v, _ in members]
         results: list[PieceResult | None] = [None] * len(members)
@@ -298,21 +318,22 @@ class PieceEncoder:
             with self.cpu:
                 buf, spans = build_pack([members[i][0] for i in fresh])
             if incremental:
-                r = self.plain(memoryview(buf), itemsize, codec=self.delta_codec, raw_above=self.incompressible_ratio)
+                r = self.plain(memoryview(buf), itemsize, codec=self.delta_codec, raw_above=self.incompressible_ratio,
+                               key=key)
             else:
-                r = self.plain(memoryview(buf), itemsize)
+                r = self.plain(memoryview(buf), itemsize, key=key)
             for k, (i, span) in enumerate(zip(fresh, spans)):
                 entry = ChunkEntry(r.entry.ref, content_hash=sums[i][0], span=span, check=sums[i][1])
                 results[i] = PieceResult(entry, r.written if k == 0 else 0, r.owned if k == 0 else 0)
         return results  # type: ignore[return-value]
 
     def _plain_incremental(self, data: memoryview, itemsize: int, sums: tuple[str, str],
-                           ratio: float | None = None) -> PieceResult:
+                           ratio: float | None = None, key: tuple | None = None) -> PieceResult:
         if ratio is not None:  # already sampled
             codec = self.delta_codec if ratio <= self.incompressible_ratio else "raw"
             ref, written = self._put(data, codec, itemsize, sums[0])
             return PieceResult(ChunkEntry(ref, check=sums[1]), written, ref.stored)
-        return self.plain(data, itemsize, sums, codec=self.delta_codec, raw_above=self.incompressible_ratio)
+        return self.plain(data, itemsize, sums, codec=self.delta_codec, raw_above=self.incompressible_ratio, key=key)
 
 
 __all__ = ["DeltaApply", "PieceEncoder", "auto_incompressible_ratio", "auto_raw_above", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]

@@ -25,6 +25,7 @@ from ...errors import ConfigError
 from ..format.delta import PieceEncoder, PieceResult
 from ..format.manifest import ChunkEntry, TensorEntry
 from ..format.packs import pack_group, plan_packs
+from ..format.ratios import RatioMemo
 from .pool import shared_pool
 from .staging import StagedTensor
 
@@ -58,6 +59,10 @@ class WriteOptions:
     up to ``pack_bytes`` (``packs.py``: one object and one fsync per pack instead of per
     tensor; each tensor keeps its own hash). 0: every tensor is its own chunk(s).
 
+    ``resample_every``: a piece's sampled compression ratio (what picks its codec) is reused
+    for its next ``resample_every - 1`` saves of the same job, then sampled again
+    (``format.ratios``); 1 samples every piece of every save.
+
     ``nice``: background threads raise their niceness by this much. The default 0 favours
     time until durable; set e.g. 10 when training throughput matters more than how soon a
     checkpoint is safe (docs/checkpoints.md, "Performance trade-offs").
@@ -76,6 +81,7 @@ class WriteOptions:
     nice: int = 0
     pack_below: int = 1 << 20
     pack_bytes: int = 4 << 20
+    resample_every: int = 4
 
     def __post_init__(self) -> None:
         check_codec(self.codec)
@@ -94,6 +100,8 @@ class WriteOptions:
             raise ConfigError(f"raw_above must be in (0, 1] or None (auto), got {self.raw_above}")
         if self.pack_below < 0 or self.pack_below > self.pack_bytes:
             raise ConfigError(f"pack_below must be in [0, pack_bytes={self.pack_bytes}], got {self.pack_below}")
+        if self.resample_every < 1:
+            raise ConfigError(f"resample_every must be >= 1 (1: sample every save), got {self.resample_every}")
         if not 4096 <= self.pack_bytes <= MAX_CHUNK_BYTES:
             raise ConfigError(f"pack_bytes must be in [4 KiB, {MAX_CHUNK_BYTES}], got {self.pack_bytes}")
 
@@ -122,12 +130,15 @@ BaseLookup = Callable[[str, str, int, int], "tuple[ChunkEntry, Callable[[], memo
 
 
 def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOptions,
-                  base: BaseLookup | None = None,
-                  cancel: threading.Event | None = None) -> tuple[dict[str, TensorEntry], WriteStats]:
-    """Store every staged tensor; returns manifest entries and byte counts."""
+                  base: BaseLookup | None = None, cancel: threading.Event | None = None,
+                  ratios: RatioMemo | None = None) -> tuple[dict[str, TensorEntry], WriteStats]:
+    """Store every staged tensor; returns manifest entries and byte counts. ``ratios``: the
+    sampled compression ratios of earlier saves of the same job (``format.ratios``; the
+    caller keeps one across saves), or None to sample every piece."""
     enc = PieceEncoder(chunks, codec=opts.codec, delta_codec=opts.delta_codec, level=opts.level,
                        threads=opts.codec_threads, incompressible_ratio=opts.incompressible_ratio,
-                       cpu_threads=opts.cpu_threads or default_cpu_threads(), raw_above=opts.raw_above)
+                       cpu_threads=opts.cpu_threads or default_cpu_threads(), raw_above=opts.raw_above,
+                       ratios=ratios)
     budget = ByteBudget(opts.max_inflight_bytes)
     results: dict[str, list[Future[PieceResult] | None]] = {}
     pending: set[Future] = set()
@@ -136,14 +147,14 @@ def write_tensors(chunks: ChunkStore, staged: list[StagedTensor], opts: WriteOpt
     def work(t: StagedTensor, data: memoryview, idx: int) -> PieceResult:
         found = base(t.name, t.dtype, idx, data.nbytes) if base is not None else None
         if found is None:
-            return enc.plain(data, t.itemsize)
+            return enc.plain(data, t.itemsize, key=(t.name, idx))
         entry, raw = found
-        return enc.against_base(data, t.itemsize, entry, raw)
+        return enc.against_base(data, t.itemsize, entry, raw, key=(t.name, idx))
 
     def pack_work(members: list[StagedTensor]) -> list[PieceResult]:
         found = [base(t.name, t.dtype, 0, t.data.nbytes) if base is not None else None for t in members]
         return enc.pack([(t.data, f[0] if f is not None else None) for t, f in zip(members, found)],
-                        members[0].itemsize, incremental=base is not None)
+                        members[0].itemsize, incremental=base is not None, key=(members[0].name, len(members)))
 
     # a pack is one chunk: never larger than chunk_bytes, so it fits the in-flight byte budget
     # like any piece (max_inflight_bytes >= chunk_bytes); a tensor a pack cannot hold is chunked

@@ -1,0 +1,57 @@
+"""``RatioMemo``: sampled compression ratios, reused across the saves of one job.
+
+``PieceEncoder`` picks each piece's codec from a 256 KiB sample compressed with the candidate
+codec: 0.2-0.8 ms per sample, two per changed piece of an incremental (the XOR delta and the
+plain piece), ~35 per rank and save of a GPT-2 + AdamW state under DDP, all of it on the
+writer's few CPU threads (``WriteOptions.cpu_threads``), which every piece's hashing waits for.
+What a sample says about the same piece of the same tensor moves slowly during training
+(moments, weights and their deltas compress alike from one save to the next), so a ratio is
+reused for the piece's next ``every - 1`` saves and then sampled again. A piece's first
+resample comes after a stable-hashed 1..``every`` saves, so the resamples of a state spread
+over the saves instead of all landing in one.
+
+A stale ratio costs bytes or codec CPU, never correctness: every chunk records the codec that
+wrote it, and unchanged pieces are recognised by their hash, not by a ratio.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable, Hashable
+
+from ...errors import ConfigError
+
+#: ratios kept before the memo starts over (a state whose tensors come and go keeps it bounded)
+MAX_ENTRIES = 1 << 16
+
+
+class RatioMemo:
+    """Sampled ratios by key (the caller's: tensor, piece, candidate, codec, size); thread-safe."""
+
+    def __init__(self, every: int = 4) -> None:
+        if every < 1:
+            raise ConfigError(f"a ratio must be resampled every >= 1 saves, got {every}")
+        self.every = every
+        self.samples = 0  # ratios computed (not reused), for tests and benchmarks
+        self._lock = threading.Lock()
+        self._ratios: dict[Hashable, tuple[float, int]] = {}  # key -> (ratio, reuses left)
+
+    def ratio(self, key: Hashable, sample: Callable[[], float]) -> float:
+        """The ratio remembered for ``key`` while it has reuses left, else ``sample()``."""
+        with self._lock:
+            found = self._ratios.get(key)
+            if found is not None and found[1] > 0:
+                self._ratios[key] = (found[0], found[1] - 1)
+                return found[0]
+        value = sample()
+        left = self.every - 1 if found is not None else zlib.crc32(repr(key).encode()) % self.every
+        with self._lock:
+            if len(self._ratios) >= MAX_ENTRIES and key not in self._ratios:
+                self._ratios.clear()
+            self._ratios[key] = (value, left)
+            self.samples += 1
+        return value
+
+
+__all__ = ["MAX_ENTRIES", "RatioMemo"]
