@@ -26,10 +26,13 @@ so a hostile chunk cannot make us allocate more than its reference promises.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import struct
+import threading
 from dataclasses import dataclass
+from types import ModuleType
 
-import blosc2
 import numpy as np
 
 from . import codecs_bytegroup, codecs_lossy
@@ -41,15 +44,36 @@ CODECS = ("raw", "zstd", "shuffle-zstd", "shuffle-lz4", "bytegroup-zstd")
 #: lossy codecs: chosen only per tensor by a lossy checkpoint policy (chunks may record them)
 LOSSY_CODECS = codecs_lossy.LOSSY_CODECS
 
-# blosc2 holds the GIL while it (de)compresses unless told otherwise: a full checkpoint's
-# shuffle-lz4 pieces on the save threads then stall the training loop's Python (measured: a
-# pure-Python loop ran 5.2x slower next to one encoding thread; 1.9x with this, on 2 busy
-# cores). Chunks are 1-8 MiB, where releasing it costs nothing measurable. Process-wide.
-blosc2.set_releasegil(True)
+
+
+@functools.cache
+def _blosc() -> ModuleType:
+    """python-blosc2, imported on first use: its import takes 0.15-0.25 s (it pulls in httpx
+    and rich), most of the CLI's start-up and of ``import trainstore.checkpoint`` in a fresh
+    process, and only shuffle-lz4 chunks and chunks in its container need it.
+
+    blosc2 holds the GIL while it (de)compresses unless told otherwise: a full checkpoint's
+    shuffle-lz4 pieces on the save threads then stall the training loop's Python (measured: a
+    pure-Python loop ran 5.2x slower next to one encoding thread; 1.9x with this, on 2 busy
+    cores). Chunks are 1-8 MiB, where releasing it costs nothing measurable. Process-wide.
+    (Two threads arriving first both import it, under Python's import lock, and both set it.)
+    """
+    module = importlib.import_module("blosc2")
+    module.set_releasegil(True)
+    return module
+
+
+def preload(codec: str) -> None:
+    """Import the library ``codec`` needs on a daemon thread now (blosc2 for shuffle-lz4), so
+    the first chunk encoded with it, on a save thread, does not wait for the whole import.
+    The checkpoint manager calls it when a save is staged: processes that never save (the
+    CLI, data loader workers, a restore of chunks in other codecs) never import it."""
+    if codec == "shuffle-lz4" and _blosc.cache_info().currsize == 0:
+        threading.Thread(target=_blosc, name="trainstore-import-blosc2", daemon=True).start()
+
 
 #: The largest chunk we will ever decode (guards against hostile references).
 MAX_CHUNK_BYTES = 1 << 30
-_BLOSC_MAX = blosc2.MAX_BUFFERSIZE
 #: Header of the GIL-free zstd container: magic, version, element size, 3 spare, raw size,
 #: size of the zstd frame that follows (so truncation and trailing bytes are both caught).
 _TSZ = struct.Struct("<3sBBxxxQQ")
@@ -84,6 +108,7 @@ def check_codec(codec: str, lossy: bool = False) -> str:
 
 
 def _params(codec: str, itemsize: int) -> dict:
+    blosc2 = _blosc()
     if codec == "zstd":
         return {"codec": blosc2.Codec.ZSTD, "filters": [blosc2.Filter.NOFILTER], "typesize": 1}
     if codec == "shuffle-zstd":
@@ -120,8 +145,9 @@ def encode(data: memoryview | bytes, codec: str, itemsize: int = 1, *, level: in
         planes = src if itemsize == 1 else _shuffle(src, itemsize)
         frame = compressor(level).compress(planes)
         return _TSZ.pack(_TSZ_MAGIC, _TSZ_VERSION, itemsize, n, len(frame)) + frame
-    if n > _BLOSC_MAX:
-        raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {_BLOSC_MAX}")
+    blosc2 = _blosc()
+    if n > blosc2.MAX_BUFFERSIZE:
+        raise ConfigError(f"chunk of {n} bytes is larger than the codec limit {blosc2.MAX_BUFFERSIZE}")
     return blosc2.compress2(data, clevel=level, nthreads=threads, **_params(codec, itemsize))
 
 
@@ -183,6 +209,7 @@ def decode(stored: memoryview | bytes, codec: str, raw_size: int, *, key: str = 
         return codecs_lossy.decode(stored, raw_size, key, out)
     if codec in _ZSTD_CODECS and bytes(memoryview(stored).cast("B")[:3]) == _TSZ_MAGIC:
         return _decode_tsz(stored, raw_size, key, out)
+    blosc2 = _blosc()
     try:
         nbytes, cbytes, _blocksize = blosc2.get_cbuffer_sizes(stored)
     except MemoryError:

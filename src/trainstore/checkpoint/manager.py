@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..chunks import ChunkStore, RepairEvent
-from ..codecs import CodecConfig
+from ..codecs import CodecConfig, preload
 from ..errors import AlreadyExistsError, ConfigError
 from ..gcpause import gc_paused
 from ..provenance import code_version, trainstore_version
@@ -159,6 +159,7 @@ class CheckpointManager:
     def _stage(self, backend: SaveBackend, step: int, kind: str, state: Any, metrics: dict | None,
                config: dict | None, extra: dict | None, t0: float) -> SaveHandle:
         """Copy ``state`` to host buffers and hand the write to the save thread."""
+        preload(self.options.codec)  # the first save's codec library imports while staging copies
         if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
             backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
