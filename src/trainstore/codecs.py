@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import importlib
 import struct
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -49,8 +48,10 @@ LOSSY_CODECS = codecs_lossy.LOSSY_CODECS
 @functools.cache
 def _blosc() -> ModuleType:
     """python-blosc2, imported on first use: its import takes 0.15-0.25 s (it pulls in httpx
-    and rich), most of the CLI's start-up and of ``import trainstore.checkpoint`` in a fresh
-    process, and only shuffle-lz4 chunks and chunks in its container need it.
+    and rich), most of the CLI's start-up and of a data loader worker's imports, and only
+    shuffle-lz4 chunks and chunks in its container need it. The checkpoint manager imports it
+    with its module (``checkpoint.manager``): full saves use shuffle-lz4 by default, and a
+    first save or a restore should not pay the import on its clock.
 
     blosc2 holds the GIL while it (de)compresses unless told otherwise: a full checkpoint's
     shuffle-lz4 pieces on the save threads then stall the training loop's Python (measured: a
@@ -61,15 +62,6 @@ def _blosc() -> ModuleType:
     module = importlib.import_module("blosc2")
     module.set_releasegil(True)
     return module
-
-
-def preload(codec: str) -> None:
-    """Import the library ``codec`` needs on a daemon thread now (blosc2 for shuffle-lz4), so
-    the first chunk encoded with it, on a save thread, does not wait for the whole import.
-    The checkpoint manager calls it when a save is staged: processes that never save (the
-    CLI, data loader workers, a restore of chunks in other codecs) never import it."""
-    if codec == "shuffle-lz4" and _blosc.cache_info().currsize == 0:
-        threading.Thread(target=_blosc, name="trainstore-import-blosc2", daemon=True).start()
 
 
 #: The largest chunk we will ever decode (guards against hostile references).

@@ -32,8 +32,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+# imported with the manager, not on first use (``codecs._blosc``): full saves use shuffle-lz4
+# by default, and its 0.15-0.25 s import must not land on a first save's or a restore's clock
+import blosc2  # noqa: F401
+
 from ..chunks import ChunkStore, RepairEvent
-from ..codecs import CodecConfig, preload
+from ..codecs import CodecConfig
 from ..errors import AlreadyExistsError, ConfigError
 from ..gcpause import gc_paused
 from ..provenance import code_version, trainstore_version
@@ -159,7 +163,6 @@ class CheckpointManager:
     def _stage(self, backend: SaveBackend, step: int, kind: str, state: Any, metrics: dict | None,
                config: dict | None, extra: dict | None, t0: float) -> SaveHandle:
         """Copy ``state`` to host buffers and hand the write to the save thread."""
-        preload(self.options.codec)  # the first save's codec library imports while staging copies
         if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
             backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
