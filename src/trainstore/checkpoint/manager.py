@@ -12,15 +12,14 @@
     print(mgr.last_restore)                           # which step, why, what was skipped
 
 The manager owns what every save shares: the lock, the one in-flight save, background errors
-(logged, raised as ``BackgroundError`` at the next ``save``/``wait``/``close``; with
-``on_error="warn"``/``"retry"`` training continues: ``failures``), hooks and observers.
-The work is a save backend's (``backend``: the call order): ``single`` in one process, ``dcp``
-in a torch.distributed job. A save copies the state to host buffers (the only part on the
-caller's clock) and one background thread writes and commits it. Restore picks candidates
-in ``restore``; the backend that wrote a manifest loads it.
+(raised at the next ``save``/``wait``/``close``, or with ``on_error`` "warn"/"retry" training
+continues: ``failures``), hooks and observers. The work is a save backend's (``backend``):
+``single`` in one process, ``dcp`` in a torch.distributed job. A save copies the state to host
+buffers (the caller's clock), one background thread writes and commits it. Restore picks
+candidates in ``restore``; the backend that wrote a manifest loads it.
 
-Rollbacks and reruns (``lineage``): a save reaching a step that exists moves the steps left behind
-to ``abandoned/``. ``hooks(info, manager)`` run after each commit (retention, tiering, metrics).
+Rollbacks and reruns (``lineage``): a save reaching an existing step moves the later ones to
+``abandoned/``. ``hooks(info, manager)`` run after each commit (retention, tiering, metrics).
 """
 
 from __future__ import annotations
@@ -32,9 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-# imported with the manager, not on first use (``codecs._blosc``): full saves use shuffle-lz4
-# by default, and its 0.15-0.25 s import must not land on a first save's or a restore's clock
-import blosc2  # noqa: F401
+import blosc2  # noqa: F401 - with the manager, not a first save's or restore's clock (codecs._blosc)
 
 from ..chunks import ChunkStore, RepairEvent
 from ..codecs import CodecConfig
@@ -72,8 +69,7 @@ class CheckpointManager:
                  on_error: str | SaveErrorPolicy = "raise", run: str | None = None,
                  backend: str | None = None) -> None:
         self.job = mf.check_job(job)
-        # None: single or dcp per save (backend_name); "single": one-process saves even inside a
-        # torch.distributed job (rank 0 of DDP writing the replicated model alone)
+        # None: single or dcp per save (backend_name); "single": one process writes all (DDP rank 0)
         self._backend_choice = backend
         # a failed background save: "raise" at the next call, or "warn"/"retry" and save again soon
         self.failures = SaveFailures(self.job, SaveErrorPolicy.of(on_error))

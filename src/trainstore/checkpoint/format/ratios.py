@@ -6,9 +6,10 @@ plain piece), ~35 per rank and save of a GPT-2 + AdamW state under DDP, all of i
 writer's few CPU threads (``WriteOptions.cpu_threads``), which every piece's hashing waits for.
 What a sample says about the same piece of the same tensor moves slowly during training
 (moments, weights and their deltas compress alike from one save to the next), so a ratio is
-reused for the piece's next ``every - 1`` saves and then sampled again. A piece's first
-resample comes after a stable-hashed 1..``every`` saves, so the resamples of a state spread
-over the saves instead of all landing in one.
+reused the next ``every - 1`` times the same piece is judged with the same codec (the next
+saves of an incremental's candidates; the next full saves for a full save's codec) and then
+sampled again. A piece's first resample comes after a stable-hashed 1..``every`` uses, so
+the resamples of a state spread over the saves instead of all landing in one.
 
 A stale ratio costs bytes or codec CPU, never correctness: every chunk records the codec that
 wrote it, and unchanged pieces are recognised by their hash, not by a ratio.
