@@ -44,7 +44,6 @@ CODECS = ("raw", "zstd", "shuffle-zstd", "shuffle-lz4", "bytegroup-zstd")
 LOSSY_CODECS = codecs_lossy.LOSSY_CODECS
 
 
-
 @functools.cache
 def _blosc() -> ModuleType:
     """python-blosc2, imported on first use: its import takes 0.15-0.25 s (it pulls in httpx

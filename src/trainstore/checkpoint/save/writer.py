@@ -60,8 +60,9 @@ class WriteOptions:
     tensor; each tensor keeps its own hash). 0: every tensor is its own chunk(s).
 
     ``resample_every``: a piece's sampled compression ratio (what picks its codec) is reused
-    for its next ``resample_every - 1`` saves of the same job, then sampled again
-    (``format.ratios``); 1 samples every piece of every save.
+    the next ``resample_every - 1`` times the piece is saved with that codec in the same job
+    (the backend's ``format.ratios.RatioMemo``), then sampled again; 1 samples every piece
+    of every save.
 
     ``nice``: background threads raise their niceness by this much. The default 0 favours
     time until durable; set e.g. 10 when training throughput matters more than how soon a
