@@ -23,6 +23,7 @@ from .format.manifest import ChunkEntry, Manifest, TensorEntry
 from .format.ratios import RatioMemo
 from .format.ready import ReadyCopies, ready_pieces
 from .format.state import flatten
+from .restore.chunkread import read_base
 from .restore.reader import load_into, load_state
 from .save import lease, lossy
 from .save.staging import Arena, StagedTensor, Stager, plan, plan_sizes, template_sizes
@@ -185,7 +186,7 @@ class SingleProcessBackend(SaveBackend):
             if views is not None and name in views:
                 start = idx * chunk_bytes
                 return entry, lambda: views[name][start:start + size]
-            return entry, lambda: memoryview(chunks.get(entry.ref))
+            return entry, lambda: read_base(chunks, entry.ref, entry.check)
 
         return lookup
 

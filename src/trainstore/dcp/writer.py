@@ -37,6 +37,7 @@ from ..checkpoint.format import layout, manifest as mf
 from ..checkpoint.format.manifest import ChunkEntry, Manifest, TensorEntry
 from ..checkpoint.format.ratios import RatioMemo
 from ..checkpoint.format.ready import entry_ready_pieces
+from ..checkpoint.restore.chunkread import read_base
 from ..checkpoint.save import lease
 from ..checkpoint.save.staging import Stager
 from ..checkpoint.save.writer import WriteOptions, WriteStats, write_tensors
@@ -341,7 +342,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
             view = cached.get(name)
             if view is not None and view.nbytes == t.nbytes:
                 return entry, lambda: view[idx * cb: idx * cb + size]
-            return entry, lambda: memoryview(chunks.get(entry.ref))
+            return entry, lambda: read_base(chunks, entry.ref, entry.check)
 
         return lookup
 

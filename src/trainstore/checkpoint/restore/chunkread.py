@@ -43,7 +43,7 @@ from ...codecs import decode
 from ...digests import Hasher, hasher as new_hasher, matches
 from ...errors import ChunkCorruptError, NotFoundError, StoreError
 from ...fileio import DIRECT_ALIGN, direct_eligible
-from ...hostmem import PAGE
+from ...hostmem import PAGE, empty_array
 
 #: Raw chunks are read and hashed in blocks of this size: each block is hashed while it is
 #: still in the CPU cache, instead of a second pass over the whole chunk in memory.
@@ -201,4 +201,18 @@ def get_into(chunks: ChunkStore, ref: ChunkRef, out: memoryview, verify: bool = 
         chunks.get(ref, out=out, check=check)
 
 
-__all__ = ["DECODE_THREADS", "READ_BLOCK", "USE_DIRECT", "OnBlock", "get_into", "pread_into", "read_local"]
+def read_base(chunks: ChunkStore, ref: ChunkRef, check: str | None) -> memoryview:
+    """A chunk's verified bytes in this thread's base buffer, valid until the thread's next
+    call: the base piece an incremental save XORs against when its base is not in memory (a
+    fresh process, e.g. every resumed job's first incremental). Read as ``get_into`` reads
+    (``O_DIRECT`` or the page cache, the read check instead of BLAKE3) into a 4 KiB-aligned
+    buffer the writer thread keeps, instead of ``ChunkStore.get``'s fresh buffer per piece."""
+    buf = getattr(_tls, "base", None)
+    if buf is None or buf.nbytes < ref.size:
+        buf = _tls.base = empty_array((max(ref.size, PAGE),), np.uint8, huge_pages=False)
+    view = memoryview(buf)[:ref.size]
+    get_into(chunks, ref, view, check=check)
+    return view
+
+
+__all__ = ["DECODE_THREADS", "READ_BLOCK", "USE_DIRECT", "OnBlock", "get_into", "pread_into", "read_base", "read_local"]

@@ -6,7 +6,8 @@ with them each thread's touched buffers: the 4 MiB ``O_DIRECT`` bounce buffer
 Every save then faulted in fresh pages for all of them (8 threads x 4 MiB of bounce buffer
 alone), at 0.4-7 GB/s on the machine measured, on the CPU the training shares. Kept threads
 keep their buffers touched: memory held is what each thread used, at most ``workers`` x
-(4 MiB bounce + XOR and codec scratch of up to a chunk each): with the defaults up to about
+(4 MiB bounce + XOR and codec scratch of up to a chunk each, and a chunk-sized base buffer
+where an incremental reads its base from the store: ``chunkread.read_base``): with the defaults up to about
 200 MiB by that count (not measured), far less when the codecs run raw.
 
 Callers must wait for every task they submitted, also when one fails (a task still running
