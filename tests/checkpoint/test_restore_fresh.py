@@ -159,6 +159,31 @@ def test_uncached_raw_chunks_are_read_with_o_direct_and_verified(tmp_path) -> No
     assert big and not any(_cached(p) for p in big)
 
 
+def test_restore_into_reads_uncached_raw_chunks_with_o_direct_too(tmp_path) -> None:
+    """``restore_into`` (how a resumed job restores) verifies everything before it writes the
+    target, through scratch buffers: those are 4 KiB-aligned like a fresh restore's
+    destinations, so uncached raw pieces skip the page cache there too. (Past
+    ``scratch_bytes`` pieces are verified, then read again: through the page cache, so that
+    the second read comes from memory.)"""
+    root = str(tmp_path)
+    if not _direct_supported(root):
+        pytest.skip("filesystem refuses O_DIRECT")
+    s0 = _state(8)
+    with CheckpointManager(root, job="j", policy=FULL_ONLY, options=OPTS) as mgr:
+        mgr.save(0, s0, blocking=True)
+    paths = _raw_chunk_paths(root)
+    for p in paths:
+        _drop_from_page_cache(p)
+    if any(_cached(p) for p in paths):
+        pytest.skip("the kernel kept the chunks cached (fadvise ignored)")
+    target = {"model": {k: torch.zeros_like(v) for k, v in s0["model"].items()}, "step": -1}
+    with CheckpointManager(root, job="j") as mgr:
+        mgr.restore_into(target)
+    _assert_same(target, s0)
+    big = [p for p in paths if os.path.getsize(p) == MIB]
+    assert big and not any(_cached(p) for p in big)
+
+
 def test_corrupt_uncached_piece_is_named_and_restore_falls_back(tmp_path) -> None:
     root = str(tmp_path)
     s0, s1 = _state(6), _state(7)

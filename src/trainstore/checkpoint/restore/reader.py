@@ -158,7 +158,10 @@ def _pieces(entry: TensorEntry, dst: np.ndarray) -> list[tuple[Any, np.ndarray]]
 
 
 def _piece_buffer(n: int) -> np.ndarray:
-    """A per-thread reusable buffer of ``n`` bytes (distinct from ``delta.scratch``)."""
+    """A per-thread reusable buffer of ``n`` bytes (distinct from ``delta.scratch``), for the
+    pieces ``load_into`` verifies first and reads again. Deliberately not 4 KiB-aligned: the
+    first read then goes through the page cache, so the second is served from memory instead
+    of the device (an aligned buffer would make both ``O_DIRECT``)."""
     buf = getattr(_tls, "piece", None)
     if buf is None or buf.nbytes < n:
         buf = _tls.piece = np.empty(max(n, 1), dtype=np.uint8)
@@ -264,12 +267,16 @@ def _direct_view(leaf: Any, entry: TensorEntry) -> np.ndarray | None:
 
 
 def _scratch_for(entry: TensorEntry, budget: int) -> np.ndarray | None:
-    """A scratch buffer for the whole tensor if it fits ``budget`` and memory (else None)."""
+    """A scratch buffer for the whole tensor if it fits ``budget`` and memory (else None):
+    4 KiB-aligned ``hostmem`` from ``HOSTMEM_MIN_BYTES`` on, like a fresh restore's
+    destinations, so uncached raw pieces are read into it with ``O_DIRECT``."""
     if entry.nbytes > budget:
         return None
     try:
+        if entry.nbytes >= HOSTMEM_MIN_BYTES:
+            return empty_array((entry.nbytes,), np.uint8, huge_pages=HUGE_PAGES)
         return np.empty(entry.nbytes, dtype=np.uint8)
-    except MemoryError:
+    except (MemoryError, OSError):  # OSError: mmap ENOMEM
         return None  # verified first and read twice instead
 
 
