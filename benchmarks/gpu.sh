@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU path of trainstore (issue 30 item 4) on a GPU machine, in under 5 minutes:
 # the GPU tests; benchmarks/disk_pattern.py (trainstore's write pattern without its CPU work
-# vs one sequential write + fsync: is time to durable the disk's?); benchmarks/gpu_bench.py
+# vs one sequential write + fsync: is time to durable the disk's?); benchmarks/gpu_dtensor.py
+# (FSDP2-style DTensor shards staged from the GPU); benchmarks/gpu_bench.py
 # (CUDA staging vs DCP async_save vs torch.save, restore to the GPU, a small GPT training
 # while saves run, the loader to the GPU). Its default methods are the time-to-durable
 # diagnosis: trainstore, trainstore_raw, trainstore_bytegroup, dcp_pinned, torch_save.
@@ -52,6 +53,8 @@ timeout 150 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly tests/checkpoi
     tests/data/test_loader_device.py 2>&1 | tee "$OUT_DIR/tests.txt"
 echo "== disk: trainstore's write pattern without CPU work vs one sequential write + fsync"
 timeout 60 "$PY" benchmarks/disk_pattern.py --gib 1 --rounds 2 --json "$OUT_DIR/disk.json" 2>&1 | tee "$OUT_DIR/disk.txt"
+echo "== DTensor shards: trainstore's side-stream copy vs torch's state-dict copy (FSDP2 staging)"
+timeout 60 "$PY" benchmarks/gpu_dtensor.py --gib 4 --out "$OUT_DIR/dtensor.json" 2>&1 | tee "$OUT_DIR/dtensor.txt"
 echo "== benchmark"
 timeout 290 "$PY" benchmarks/gpu_bench.py --out "$OUT_DIR/gpu_bench.json" --budget "${GPU_BENCH_BUDGET:-200}" "${@:2}" \
     2>&1 | tee "$OUT_DIR/bench.txt"

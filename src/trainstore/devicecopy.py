@@ -10,6 +10,8 @@ training loop for work that is none of its business. Here each copy is ordered b
   host destination and records ``done``. Each source is ``record_stream``-ed on the side
   stream, so the caching allocator never hands a source the caller frees to a new tensor
   before its copy ran.
+- ``on_side_stream(device, enqueue, sources)``: the same for copies someone else enqueues
+  (torch's state-dict copy of DTensor shards, ``Stager.stage_state_dict_async``).
 - ``to_device(tensors, device)`` (the loader): host tensors are pinned (torch's caching host
   allocator: reused blocks, kept until their copy ran) and copied ``non_blocking`` on the
   side stream, then ``done`` is recorded.
@@ -24,7 +26,7 @@ tensors, the forward pass that reads a batch - run after the copy).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .errors import ConfigError
@@ -89,25 +91,37 @@ def _by_device(items: Iterable[tuple[Any, Any]], device_of: Any) -> dict[Any, li
     return groups
 
 
+def on_side_stream(device: Any, enqueue: Callable[[], Any], sources: Iterable[Any]) -> tuple[Any, CopyFence]:
+    """``enqueue()`` (``non_blocking`` copies out of the CUDA tensors ``sources``) run on the side
+    stream of ``device``, after what the caller's current stream has queued so far; each
+    source is ``record_stream``-ed there. Returns what ``enqueue`` returned and the fence of
+    its copies."""
+    if torch.device(device).type != "cuda":
+        raise ConfigError(f"devicecopy copies from CUDA tensors, got one on {device}")
+    side = side_stream(device)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(device))
+    side.wait_event(ready)
+    with torch.cuda.stream(side):
+        result = enqueue()
+        for src in sources:
+            src.record_stream(side)
+        done = torch.cuda.Event()
+        done.record(side)
+    return result, CopyFence([(device, done)])
+
+
 def to_host(pairs: Iterable[tuple[Any, Any]]) -> CopyFence:
     """Enqueue ``dst.copy_(src, non_blocking=True)`` for each ``(host dst, cuda src)`` pair on the
-    side stream of ``src``'s device, after what the caller's current stream has queued so far.
-    ``dst`` should be pinned (pageable memory makes the copy synchronous)."""
+    side stream of ``src``'s device (``on_side_stream``). ``dst`` should be pinned (pageable
+    memory makes the copy synchronous)."""
     events = []
     for device, items in _by_device(pairs, lambda p: p[1].device).items():
-        if device.type != "cuda":
-            raise ConfigError(f"devicecopy.to_host copies from CUDA tensors, got one on {device}")
-        side = side_stream(device)
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(device))
-        side.wait_event(ready)
-        with torch.cuda.stream(side):
+        def copy(items: list[tuple[Any, Any]] = items) -> None:
             for dst, src in items:
                 dst.copy_(src, non_blocking=True)
-                src.record_stream(side)
-            done = torch.cuda.Event()
-            done.record(side)
-        events.append((device, done))
+
+        events += on_side_stream(device, copy, [src for _, src in items])[1].events
     return CopyFence(events)
 
 
@@ -135,4 +149,4 @@ def to_device(tensors: dict[str, Any], device: Any) -> tuple[dict[str, Any], Cop
     return out, CopyFence([(dev, done)], produced)
 
 
-__all__ = ["CopyFence", "cuda_available", "side_stream", "to_device", "to_host"]
+__all__ = ["CopyFence", "cuda_available", "on_side_stream", "side_stream", "to_device", "to_host"]

@@ -15,6 +15,7 @@ from trainstore import fileio
 from trainstore.checkpoint.save.staging import Stager, plan_sizes
 from trainstore.dcp.share import ReplicaShare, layout_of
 from trainstore.dcp.staging import plain_sizes, stage
+from trainstore.dcp.statedict import StateDictCopy
 from trainstore.devicecopy import cuda_available
 
 pytestmark = pytest.mark.timeout(120)
@@ -84,3 +85,42 @@ def test_cuda_tensors_are_copied_on_a_side_stream_and_waited_for_on_the_save_thr
     for k, v in expected.items():
         assert torch.equal(staged.state_dict["model"][k], v)
     assert staged.arena is not None and staged.arena.pinned
+
+
+def test_the_shards_host_copy_is_reused_while_the_layout_holds_and_copied_synchronously_on_the_host():
+    copy = StateDictCopy(pin=False, cuda_wait="stream")
+    src = {"w": torch.randn(64, 8), "n": 3, "nested": {"b": torch.randn(5)}}
+    out, fence = copy.copy_async(src)
+    assert fence is None  # host tensors: nothing in flight
+    assert torch.equal(out["w"], src["w"]) and out["w"].data_ptr() != src["w"].data_ptr() and out["n"] == 3
+    ptr = out["w"].data_ptr()
+    src["w"].add_(1.0)
+    out2, _ = copy.copy_async(src)
+    assert out2["w"].data_ptr() == ptr and torch.equal(out2["w"], src["w"])  # same buffers, new values
+    src["w"] = torch.randn(65, 8)  # the layout changed: new buffers
+    out3 = copy.copy(src)
+    assert out3["w"].shape == (65, 8) and torch.equal(out3["w"], src["w"])
+
+
+@needs_cuda
+def test_dtensor_shards_on_cuda_are_copied_on_the_side_stream_and_waited_for_on_the_save_thread(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cuda", (1,))
+        w = distribute_tensor(torch.randn(2048, 1024, device="cuda"), mesh, [Shard(0)])
+        src = {"model": {"w": w}, "epoch": 1}
+        expected = w.to_local().cpu()
+        torch.cuda._sleep(int(50 * 2e6))  # ~50 ms of work queued before the save
+        staged = stage(Stager(), src, ReplicaShare(), world=1)
+        assert staged.fence is not None and not staged.fence.done()  # queued behind that work; the host went on
+        w.to_local().add_(1.0)  # queued after the copy on the training stream: not in the checkpoint
+        staged.wait()
+        out = staged.state_dict["model"]["w"]
+        assert isinstance(out, DTensor) and out.to_local().device.type == "cpu" and out.to_local().is_pinned()
+        assert torch.equal(out.to_local(), expected) and staged.state_dict["epoch"] == 1
+    finally:
+        dist.destroy_process_group()

@@ -50,6 +50,7 @@ from .coordination import (
 from .reader import StorageReader
 from .share import ReplicaShare, SharePlanner
 from .staging import DcpStaged, plain_sizes, stage as stage_dcp
+from .statedict import StateDictCopy
 from .writer import COMMITTED_KEY, StorageWriter
 
 log = logging.getLogger("trainstore.dcp")
@@ -63,6 +64,7 @@ class DcpBackend(SaveBackend):
     def __init__(self, ctx: SaveContext) -> None:
         super().__init__(ctx)
         self.stager = Stager(ctx.pin_memory)  # the host copy reused across saves (dcp/staging.py)
+        self.shards = StateDictCopy(ctx.pin_memory, self.stager.cuda_wait)  # ... of the DTensor shards
         self.base_cache = BaseCache() if ctx.policy.keep_base_in_memory and ctx.policy.incremental_every else None
         self.known = KnownManifests()  # manifests committed or read by this job's saves (not re-read)
         self.ready = ReadyCopies(ctx.store, ctx.job)  # this node's copies of its ranks' delta pieces
@@ -120,7 +122,8 @@ class DcpBackend(SaveBackend):
     def stage(self, state: Any) -> DcpStaged:
         """The host copy (``dcp/staging.py``): every DTensor shard, and the replicated tensors
         this rank writes (``share.py``; all of them on a first save)."""
-        staged = stage_dcp(self.stager, state, self.share, dist.get_world_size() if distributed_job() else 1)
+        staged = stage_dcp(self.stager, state, self.share, dist.get_world_size() if distributed_job() else 1,
+                           self.shards)
         if staged.skipped_bytes:
             self.ctx.notify("dcp_staged_share", skipped_bytes=staged.skipped_bytes)
         return staged

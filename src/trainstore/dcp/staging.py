@@ -8,8 +8,9 @@
   copied on a side stream into the pinned arena, ordered by events (``DcpStaged.wait``, on
   the save thread, waits for them before ``dcp.save`` reads a byte);
 * those another rank writes (``share.ReplicaShare``) are meta tensors, not copied;
-* DTensor shards and non-tensor values go through ``Stager.stage_state_dict`` (torch's host
-  copy, kept across saves while their layout holds).
+* DTensor shards and non-tensor values go through ``statedict.StateDictCopy`` (torch's host
+  copy, kept across saves while their layout holds; shards on a CUDA device copied on the
+  side stream too, their fence waited for by ``DcpStaged.wait``).
 
 The staged dict is unflattened again, so ``dcp.save`` plans exactly what it would have
 planned from the live state.
@@ -25,7 +26,9 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflat
 
 from ..checkpoint.format.state import Leaf, torch_dtype_name
 from ..checkpoint.save.staging import Arena, StagedTensor, Stager, plan, template_sizes
+from ..devicecopy import CopyFence
 from .share import ReplicaShare, is_plain, layout_of
+from .statedict import StateDictCopy
 
 
 @dataclass
@@ -39,11 +42,15 @@ class DcpStaged:
     skipped_bytes: int
     arena: Arena | None = None
     tensors: list[StagedTensor] = field(default_factory=list)
+    fence: CopyFence | None = None  # the device copies of the DTensor shards, if any
 
     def wait(self) -> None:
-        """Until every device-to-host copy into the arena ran (save thread, before reading)."""
+        """Until every device-to-host copy ran (save thread, before reading)."""
         for t in self.tensors:
             t.data  # noqa: B018 - waits for the tensor's copy fence once
+        if self.fence is not None:
+            self.fence.wait()
+            self.fence = None
 
 
 def _leaf(name: str, t: torch.Tensor) -> Leaf:
@@ -59,14 +66,18 @@ def plain_sizes(template: Any) -> list[int]:
     return template_sizes({k: v for k, v in flat.items() if is_plain(v) or not isinstance(v, torch.Tensor)})
 
 
-def stage(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare, world: int) -> DcpStaged:
-    """Copy ``state_dict`` to host memory for ``dcp.save`` (see the module docstring)."""
+def stage(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare, world: int,
+          shards: StateDictCopy | None = None) -> DcpStaged:
+    """Copy ``state_dict`` to host memory for ``dcp.save`` (see the module docstring);
+    ``shards``: the reusable copy of the DTensor shards (None: a new one)."""
     flat, mapping = flatten_state_dict(state_dict)
     layout = layout_of(flat, world)
     skip = share.skipped(layout, flat)
     plain = [_leaf(k, v) for k, v in flat.items() if k not in skip and is_plain(v)]
     rest = {k: v for k, v in flat.items() if k not in skip and not is_plain(v)}
-    host = stager.stage_state_dict(rest) if rest else {}  # (reused across saves: not modified)
+    if shards is None:
+        shards = StateDictCopy(stager.pin, stager.cuda_wait)
+    host, fence = shards.copy_async(rest) if rest else ({}, None)  # (reused across saves: not modified)
     arena, tensors = None, []
     if plain:
         offsets, total = plan(plain)
@@ -82,7 +93,7 @@ def stage(stager: Stager, state_dict: dict[str, Any], share: ReplicaShare, world
     # the source's order, so every rank plans its items in the same order
     out = {k: torch.empty_like(v, device="meta") if k in skip else host[k] for k, v in flat.items()}
     skipped = sum(flat[k].numel() * flat[k].element_size() for k in skip)
-    return DcpStaged(unflatten_state_dict(out, mapping), layout, skipped, arena, tensors)
+    return DcpStaged(unflatten_state_dict(out, mapping), layout, skipped, arena, tensors, fence)
 
 
 __all__ = ["DcpStaged", "plain_sizes", "stage"]

@@ -39,7 +39,6 @@ from ..checkpoint.format.ratios import RatioMemo
 from ..checkpoint.format.ready import entry_ready_pieces
 from ..checkpoint.restore.chunkread import read_base
 from ..checkpoint.save import lease
-from ..checkpoint.save.staging import Stager
 from ..checkpoint.save.writer import WriteOptions, WriteStats, write_tensors
 from ..checkpoint.types import CheckpointInfo
 from ..chunks import ChunkStore
@@ -63,6 +62,7 @@ from .coordination import (
 from .items import lookup_value, stage_tensor, stage_value
 from .metadata import index_to_json, metadata_to_json, shard_name
 from .share import check_covered
+from .statedict import StateDictCopy
 
 log = logging.getLogger("trainstore.dcp")
 
@@ -136,7 +136,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         self.base_cache = base_cache
         self.known = known if known is not None else KnownManifests()
         self.ratios = ratios
-        self._host_copy = Stager()  # stage()'s reusable host copy (cache_staged_state_dict)
+        self._host_copy = StateDictCopy(None, "host")  # stage()'s reusable host copy (cache_staged_state_dict)
         self.keep_delta_views = keep_delta_views
         self.pause_gc = pause_gc
         self._gc_held = False
@@ -169,7 +169,7 @@ class StorageWriter(_TorchStorageWriter, BlockingAsyncStager):
         across saves and pinned only when CUDA exists (torch's stager always pins)."""
         if not self.cache_staged_state_dict:
             return BlockingAsyncStager.stage(self, state_dict)
-        return self._host_copy.stage_state_dict(state_dict)
+        return self._host_copy.copy(state_dict)
 
     def reset(self, checkpoint_id: str | os.PathLike | int | None = None) -> None:
         target = parse_checkpoint_id(checkpoint_id)

@@ -30,9 +30,8 @@ measured worse there: a 1.5 GiB GPT state's first save blocked 2.3x DCP's (1.0x 
 at once), and the training thread's next CUDA call waited 0.4 s for the background
 ``cudaHostRegister`` (docs/benchmarks.md, "GPU"). ``reserve`` takes the cost off the clock.
 
-``stage_state_dict(state_dict)`` is the same job for a torch.distributed state dict (DTensor
-/ FSDP shards kept as such, for ``dcp.save``): a host copy reused while the layout holds.
-One ``Stager`` serves both save backends (single process and DCP).
+One ``Stager`` serves both save backends (single process and DCP); the DCP backend copies
+DTensor shards with ``dcp.statedict.StateDictCopy``.
 """
 
 from __future__ import annotations
@@ -239,8 +238,6 @@ class Stager:
         self._spare_lock = threading.Lock()
         self.allocations = 0  # how many arenas were ever allocated (tests check reuse)
         self._copy_pool: ThreadPoolExecutor | None = None
-        self.state_dict_cache: dict | None = None  # stage_state_dict's reusable host copy
-        self._state_dict_layout: Any = None
 
     def _memcpy(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst[:] = src (uint8 views): one ``np.copyto`` (GIL released), split over
@@ -345,30 +342,6 @@ class Stager:
             for i in on_device:
                 out[i].fence = fence
         return out
-
-    def stage_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Copy a (possibly sharded) torch state dict to host memory, reusing the previous
-        copy's buffers while the structure and tensor shapes/dtypes stay the same (pinned
-        only when CUDA exists). DTensors stay DTensors with host local shards (``dcp.save``
-        plans from them)."""
-        # torch's private helpers (also behind dcp.async_save's own stager): lazy, torch is optional
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-        sig = _layout(state_dict)
-        if self.state_dict_cache is None or self._state_dict_layout != sig:
-            # first save, or the state changed shape (e.g. optimizer state appeared): new buffers
-            pin = torch.cuda.is_available() if self.pin is None else self.pin
-            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
-            self._state_dict_layout = sig
-        return _copy_state_dict(state_dict, self.state_dict_cache)
-
-
-def _layout(state_dict: dict[str, Any]) -> Any:
-    """Structure + tensor shapes/dtypes of a state dict (when equal, cached buffers fit)."""
-    from torch.utils._pytree import tree_flatten
-
-    leaves, spec = tree_flatten(state_dict)
-    return spec, [(type(x), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
 __all__ = ["ALIGN", "CUDA_WAITS", "LARGE_ALIGN", "LARGE_SLOT_BYTES", "CLOSED_ARENAS", "Arena", "StagedTensor", "Stager", "plan", "plan_sizes",
