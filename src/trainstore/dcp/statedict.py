@@ -12,8 +12,8 @@ caller's stream made to wait for them on the GPU (``cuda_wait="stream"``: the op
 that would modify the shards runs after the copy, the host is not blocked) or the host waiting
 for them (``"host"``), and a fence the writer waits for before it reads a byte. torch's
 stager instead copies each shard synchronously (``non_blocking=False``), holding the host for
-the whole device-to-host transfer. Anything else (host tensors, several devices, a copy that
-could not be pinned) is copied synchronously, as before.
+the whole device-to-host transfer. Anything else (host tensors, several devices) is copied
+synchronously, as before.
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ class StateDictCopy:
         cache = self.cache
         sources = [t for t in _locals(state_dict) if t.device.type == "cuda"]
         devices = {t.device for t in sources}
-        if len(devices) != 1 or not all(t.is_pinned() for t in _locals(cache)):
+        if len(devices) != 1:
             return _copy_state_dict(state_dict, cache), None
+        # (a target torch left unpinned - a 0-dim or empty shard - is copied synchronously by
+        # CUDA even when asked non_blocking: correct, only not overlapped)
         out, fence = on_side_stream(devices.pop(), lambda: _copy_state_dict(state_dict, cache, non_blocking=True),
                                     sources)
         if self.cuda_wait == "host":
