@@ -14,7 +14,8 @@ training loop for work that is none of its business. Here each copy is ordered b
   (torch's state-dict copy of DTensor shards, ``Stager.stage_state_dict_async``).
 - ``to_device(tensors, device)`` (the loader): host tensors are pinned (torch's caching host
   allocator: reused blocks, kept until their copy ran) and copied ``non_blocking`` on the
-  side stream, then ``done`` is recorded.
+  side stream, then ``done`` is recorded. The loader gathers its batches into such memory to
+  begin with (``pinned_empty``), so nothing is copied to pin them.
 
 The returned ``CopyFence`` orders what comes after: ``wait()`` blocks the calling host thread
 until ``done`` (the background writer, before it reads the staged bytes); ``hold()`` makes
@@ -28,6 +29,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from .errors import ConfigError
 
@@ -125,6 +128,17 @@ def to_host(pairs: Iterable[tuple[Any, Any]]) -> CopyFence:
     return CopyFence(events)
 
 
+def pinned_empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A numpy array over pinned host memory from torch's caching host allocator (a block is
+    reused once the array is gone and the copies made from it ran), for a loader to gather a
+    batch straight into what ``to_device`` copies from; a plain array for a dtype torch lacks."""
+    try:
+        torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError:
+        return np.empty(shape, dtype=dtype)
+    return torch.empty(shape, dtype=torch_dtype, pin_memory=True).numpy()
+
+
 def to_device(tensors: dict[str, Any], device: Any) -> tuple[dict[str, Any], CopyFence]:
     """Pinned, ``non_blocking`` copies of the host tensors of ``tensors`` to the CUDA ``device``
     on its side stream (other values pass through); the caller ``hold``s the fence before use."""
@@ -149,4 +163,4 @@ def to_device(tensors: dict[str, Any], device: Any) -> tuple[dict[str, Any], Cop
     return out, CopyFence([(dev, done)], produced)
 
 
-__all__ = ["CopyFence", "cuda_available", "on_side_stream", "side_stream", "to_device", "to_host"]
+__all__ = ["CopyFence", "cuda_available", "on_side_stream", "pinned_empty", "side_stream", "to_device", "to_host"]

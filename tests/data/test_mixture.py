@@ -518,3 +518,17 @@ def test_parquet_sources_are_decoded_ahead(tmp_path):
     rest = np.concatenate([first, *[b["idx"] for b in it]])
     web = rest[rest < 1000]  # 180 of web's 240 rows, once each; code (120 rows) goes round 1.5 times
     assert len(rest) == 360 and len(web) == 180 and len(set(web.tolist())) == 180
+
+
+def test_take_gathers_into_the_given_allocator(sources):
+    m = mix(sources)
+    made = []
+
+    def alloc(shape, dtype):  # noqa: ANN001, ANN202
+        made.append(np.zeros(shape, dtype=dtype))
+        return made[-1]
+
+    rows = [0, 130, 200, 7]
+    got, want = m.take(rows, alloc=alloc), m.take(rows)
+    assert {id(a) for a in made} == {id(got["idx"]), id(got["x"])}
+    assert all(np.array_equal(got[k], want[k]) for k in want)

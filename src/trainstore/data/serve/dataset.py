@@ -39,7 +39,7 @@ from .options import CACHE_FREE_FRACTION, DatasetConfig, default_cache_limit, re
 from .parquet import ParquetRows
 from .rowgroups import DecodedGroups
 from .shardpins import ServedShard, ShardPins, source_tags
-from .source import SamplerPlanned
+from .source import Alloc, SamplerPlanned, batch_array
 
 
 class Dataset(ShardPins, SamplerPlanned):
@@ -253,11 +253,12 @@ class Dataset(ShardPins, SamplerPlanned):
             self.release(op)
 
     def take(self, indices: Sequence[int] | np.ndarray, *, ranges: bool = False,
-             gathered: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+             gathered: Callable[[int], None] | None = None, alloc: Alloc | None = None) -> dict[str, np.ndarray]:
         """Rows ``indices`` as a dict of batched arrays (one gather per shard). ``ranges``: a
         Parquet shard not cached is read by row groups (byte ranges) instead of whole.
         ``gathered(shard)`` runs as each shard's rows are copied out (the loader lets go of a
-        shard no later batch reads)."""
+        shard no later batch reads). ``alloc``: where fixed-size columns are gathered
+        (``source.Alloc``; default ``np.empty``)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if idx.size and (idx.min() < -n or idx.max() >= n):
@@ -266,7 +267,7 @@ class Dataset(ShardPins, SamplerPlanned):
         out: dict[str, np.ndarray] = {}
         for name in self.column_names:
             dtype, shape = self._specs[name]
-            out[name] = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
+            out[name] = batch_array(alloc, name, (len(idx), *shape), dtype)
         shard_ids = np.searchsorted(self.offsets, idx, side="right") - 1
         for s, group in by_key(shard_ids):
             local = idx[group] - self.offsets[s]

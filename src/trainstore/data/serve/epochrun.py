@@ -130,7 +130,8 @@ class EpochRun:
             gathered = self.exchange.gather(item)
             self._assembled(b)
             return gathered, 0, None  # sent in next(), in batch order
-        return self.loader._finish(self.ds.take(item, gathered=lambda s: self._gathered(s, b)))
+        return self.loader._finish(self.ds.take(item, gathered=lambda s: self._gathered(s, b),
+                                                alloc=self.loader.batch_alloc))
 
     def _assembled(self, b: int) -> None:
         for s in self.needs[b - self.start].tolist():

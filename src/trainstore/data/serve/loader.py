@@ -8,7 +8,8 @@ consumed. For a ``parquet`` version, ``decode_ahead`` threads decode the row gro
 batches need as soon as their shard is filled (``decodeahead``). When the cache limit is
 smaller than what the rank reads, shards whose last use in this epoch has passed are evicted
 at once, so the space goes to shards still needed. With ``device="cuda"`` the batch threads
-pin each batch and copy it to the GPU ``non_blocking`` on a side stream (``devicecopy``); the
+gather each batch straight into pinned host memory (``devicecopy.pinned_empty``: no copy to
+pin it) and copy it to the GPU ``non_blocking`` on a side stream (``devicecopy``); the
 iterating thread's current stream waits for that copy on the GPU, so neither side blocks.
 
 ``state_dict()`` is a small JSON-able dict (epoch, batches consumed, seed, world size, and the
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ...bytebudget import ByteBudget
-from ...devicecopy import CopyFence, cuda_available, to_device
+from ...devicecopy import CopyFence, cuda_available, pinned_empty, to_device
 from ...errors import ConfigError
 from ..layouts import PARQUET
 from .dataset import Dataset
@@ -35,7 +36,7 @@ from .epochrun import EpochRun
 from .exchange import ExchangeStep, RowExchange
 from .meter import IOWaitMeter, MeterConfig
 from .sampler import PlanSpec
-from .source import EpochPlan, ServeSource
+from .source import Alloc, EpochPlan, ServeSource
 
 STATE_FORMAT = "trainstore.loader/1"
 
@@ -326,6 +327,11 @@ class Loader:
                      "cache_limit": self.dataset.cache_limit, "cache_limit_reason": self.dataset.cache_limit_reason,
                      "epoch": self.epoch, "position": self._position})
         return snap
+
+    @property
+    def batch_alloc(self) -> Alloc | None:
+        """Where batch threads gather fixed-size columns: pinned memory for a CUDA device."""
+        return pinned_empty if self.config.device is not None else None
 
     def _finish(self, arrays: dict[str, np.ndarray]) -> tuple[Any, int, CopyFence | None]:
         """The batch as handed out (torch / on the device / collated), its bytes, and the fence

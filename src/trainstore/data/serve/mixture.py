@@ -48,7 +48,7 @@ from .schedule import (
     describe,
     token_means,
 )
-from .source import EpochPlan
+from .source import Alloc, EpochPlan, batch_array
 
 CURSOR_FORMAT = "trainstore.mixture/1"
 
@@ -131,9 +131,11 @@ class Mixture:
     def __repr__(self) -> str:
         return f"Mixture({self.source_id}, samples/epoch={self.num_samples})"
 
-    def take(self, indices: Any, *, gathered: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    def take(self, indices: Any, *, gathered: Callable[[int], None] | None = None,
+             alloc: Alloc | None = None) -> dict[str, np.ndarray]:
         """Rows of the row space (source ``s`` at ``row_offsets[s]...``) as batched arrays;
-        ``gathered(shard)`` (a mixture shard index) as each shard's rows are copied out."""
+        ``gathered(shard)`` (a mixture shard index) as each shard's rows are copied out;
+        ``alloc``: where fixed-size columns are gathered (``source.Alloc``)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         total = int(self.row_offsets[-1])
         if idx.size and (idx.min() < 0 or idx.max() >= total):
@@ -141,7 +143,7 @@ class Mixture:
         out: dict[str, np.ndarray] = {}
         for c in self._columns:
             dtype, shape = self._specs[c]
-            out[c] = np.empty((len(idx), *shape), dtype=dtype if dtype is not None else object)
+            out[c] = batch_array(alloc, c, (len(idx), *shape), dtype)
         shard = np.searchsorted(self.offsets, idx, side="right") - 1  # mixture shards: one row space
         for g, at in by_key(shard):  # each shard's rows straight into the batch arrays
             ds, local = self._local(g)

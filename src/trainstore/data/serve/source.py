@@ -26,7 +26,24 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ...errors import ConfigError
 from .sampler import PlanSpec, epoch_streams
+
+#: ``alloc(shape, dtype)``: the array a fixed-size column of a batch is gathered into (None:
+#: ``np.empty``). The loader passes pinned host memory when it copies batches to a GPU
+#: (``devicecopy.pinned_empty``), so the copy starts from the gathered rows themselves.
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
+def batch_array(alloc: Alloc | None, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """The array column ``name`` of a batch is gathered into (object columns: always numpy's)."""
+    if dtype is None or alloc is None:
+        return np.empty(shape, dtype=dtype if dtype is not None else object)
+    out = alloc(shape, np.dtype(dtype))
+    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.dtype(dtype):
+        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ConfigError(f"batch allocator gave {got} for column {name!r}, which needs {np.dtype(dtype)}{list(shape)}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,8 @@ class ServeSource(Protocol):
     def cache_limit_reason(self) -> str: ...
 
     def __len__(self) -> int: ...
-    def take(self, indices: Any, *, gathered: Callable[[int], None] | None = None) -> dict[str, np.ndarray]: ...
+    def take(self, indices: Any, *, gathered: Callable[[int], None] | None = None,
+             alloc: Alloc | None = None) -> dict[str, np.ndarray]: ...
     def pin_shard(self, shard: int, *, ahead: bool = False, needed: Callable[[], bool] | None = None) -> Any: ...
     def close_shard(self, shard: int, evict: bool = False) -> None: ...
     def want_shard(self, shard: int, rank: float, owner: int) -> None: ...
