@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -178,3 +179,30 @@ def test_planning_and_commit_run_with_the_collector_paused_and_the_writes_withou
             w.end_gc_pause()
         assert gc.isenabled()
     assert seen["plan"] == [False, False] and seen["write"] and all(seen["write"]), seen
+
+
+def test_a_restore_through_a_host_scratch_reads_uncached_chunks_with_o_direct(tmp_path, monkeypatch):
+    """Targets DCP's reader cannot fill in place (a CUDA tensor, another sharding, a
+    non-contiguous view) are read into a host scratch first: 4 KiB-aligned, so uncached raw
+    pieces come off the device with O_DIRECT as in a manager restore."""
+    from trainstore.checkpoint.restore import chunkread
+
+    root = str(tmp_path)
+    w = torch.randn(1024, 1024)
+    dcp.save({"w": w}, storage_writer=StorageWriter(root, "j", options=WriteOptions(chunk_bytes=1 << 20)),
+             checkpoint_id=1, no_dist=True)
+    chunk_files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "chunks")) for f in fs]
+    for path in chunk_files:  # out of the page cache
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    opened = []
+    direct = chunkread._open_direct
+    monkeypatch.setattr(chunkread, "_open_direct", lambda p: opened.append(p) or direct(p))
+    target = torch.zeros(1024, 1024).t()  # non-contiguous: through the scratch
+    dcp.load({"w": target}, storage_reader=StorageReader(root, "j"), no_dist=True)
+    assert torch.equal(target, w)
+    assert len(opened) >= 4  # the 1 MiB raw pieces were read with O_DIRECT

@@ -35,9 +35,10 @@ from ..checkpoint.format.manifest import Manifest, TensorEntry
 from ..checkpoint.format.packs import group_packed
 from ..checkpoint.format.ready import ReadyReads
 from ..checkpoint.format.state import parse_numpy_dtype, parse_torch_dtype, unflatten
-from ..checkpoint.restore.reader import read_piece
+from ..checkpoint.restore.reader import HOSTMEM_MIN_BYTES, read_piece
 from ..chunks import ChunkStore
 from ..errors import ManifestError, NoCheckpointError, NotFoundError
+from ..hostmem import empty_tensor
 from ..store import open_store
 from ..store.base import Store
 from .coordination import (
@@ -227,8 +228,9 @@ class StorageReader(_TorchStorageReader):
                     tasks += [(p, raw[s:s + p.size]) for p, s in _pieces(entry, 0, entry.nbytes)]
                     direct.append((req, target))
                     continue
-                if shard is None:
-                    shard = torch.empty(entry.shape, dtype=dtype)  # pages touched only where read
+                if shard is None:  # pages touched only where read; 4 KiB-aligned from 2 MiB on (O_DIRECT)
+                    shard = empty_tensor(tuple(entry.shape), dtype, huge_pages=False) \
+                        if entry.nbytes >= HOSTMEM_MIN_BYTES else torch.empty(entry.shape, dtype=dtype)
                 lo, hi = _byte_range(entry.shape, req.storage_offsets, req.lengths, itemsize)
                 if hi > lo:
                     need.append((lo, hi))
