@@ -28,17 +28,17 @@ from torch.utils._pytree import tree_flatten
 from ..devicecopy import CopyFence, on_side_stream
 
 
-def layout(state_dict: dict[str, Any]) -> Any:
-    """Structure + tensor shapes/dtypes of a state dict (when equal, cached buffers fit)."""
-    leaves, spec = tree_flatten(state_dict)
+def _layout(leaves: list[Any], spec: Any) -> Any:
+    """Structure + tensor shapes/dtypes of a flattened state dict (when equal, cached buffers fit)."""
     return spec, [(type(x), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
 @torch.no_grad()
-def _locals(state_dict: dict[str, Any]) -> list[Any]:
-    """The tensors holding a state dict's bytes: DTensors' local shards, plain tensors."""
-    leaves, _ = tree_flatten(state_dict)
-    return [x.to_local() if isinstance(x, DTensor) else x for x in leaves if isinstance(x, torch.Tensor)]
+def _cuda_sources(leaves: list[Any]) -> list[Any]:
+    """The CUDA tensors holding the bytes of a state dict's leaves: DTensors' local shards,
+    plain tensors (``to_local`` is asked only of DTensors on a CUDA device)."""
+    return [x.to_local() if isinstance(x, DTensor) else x for x in leaves
+            if isinstance(x, torch.Tensor) and x.device.type == "cuda"]
 
 
 class StateDictCopy:
@@ -56,14 +56,15 @@ class StateDictCopy:
         if self._copying is not None:  # never refill buffers a copy still writes
             self._copying.wait()
             self._copying = None
-        sig = layout(state_dict)
+        leaves, spec = tree_flatten(state_dict)
+        sig = _layout(leaves, spec)
         if self.cache is None or self._layout != sig:
             # first save, or the state changed shape (e.g. optimizer state appeared): new buffers
             pin = torch.cuda.is_available() if self.pin is None else self.pin
             self.cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
             self._layout = sig
         cache = self.cache
-        sources = [t for t in _locals(state_dict) if t.device.type == "cuda"]
+        sources = _cuda_sources(leaves)
         devices = {t.device for t in sources}
         if len(devices) != 1:
             return _copy_state_dict(state_dict, cache), None
@@ -86,4 +87,4 @@ class StateDictCopy:
         return out
 
 
-__all__ = ["StateDictCopy", "layout"]
+__all__ = ["StateDictCopy"]
