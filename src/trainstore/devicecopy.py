@@ -11,7 +11,7 @@ training loop for work that is none of its business. Here each copy is ordered b
   stream, so the caching allocator never hands a source the caller frees to a new tensor
   before its copy ran.
 - ``on_side_stream(device, enqueue, sources)``: the same for copies someone else enqueues
-  (torch's state-dict copy of DTensor shards, ``Stager.stage_state_dict_async``).
+  (torch's state-dict copy of DTensor shards, ``dcp.statedict.StateDictCopy``).
 - ``to_device(tensors, device)`` (the loader): host tensors are pinned (torch's caching host
   allocator: reused blocks, kept until their copy ran) and copied ``non_blocking`` on the
   side stream, then ``done`` is recorded. The loader gathers its batches into such memory to

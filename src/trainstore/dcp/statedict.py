@@ -4,7 +4,7 @@
 The buffers come from torch's ``_create_cpu_state_dict`` (pinned when CUDA exists: a DTensor
 stays a DTensor whose local shard is a pinned host tensor, which is what ``dcp.save`` plans
 from) and are refilled by torch's ``_copy_state_dict`` - the helpers behind DCP's own stager.
-When the state's tensors live on one CUDA device and the copy is pinned, the refill is
+When the state's tensors live on one CUDA device, the refill is
 enqueued ``non_blocking`` on that device's side stream after what the caller's stream has
 queued (``devicecopy.on_side_stream``), like the arena copies of plain tensors
 (``checkpoint.save.staging.Stager.stage``): ``copy_async`` returns once the copies are queued, with the
