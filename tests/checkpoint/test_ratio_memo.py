@@ -5,6 +5,8 @@ within ``resample_every`` saves, and every restore stays bit-exact."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -127,3 +129,48 @@ def test_dcp_writes_reuse_the_memo_they_are_given(tmp_path, monkeypatch):
     # the first incremental samples every piece's two candidates; later ones only the pieces due
     assert per_save[1] >= 8 and sum(per_save[2:]) <= per_save[1] * 1.6, per_save
     assert memo.samples == sum(per_save)
+
+
+def test_a_fresh_process_seeds_its_memo_from_the_checkpoint_it_restored(tmp_path, monkeypatch):
+    """A resumed job's first incremental would sample both candidates of every changed piece
+    (an empty memo); the checkpoint it restored says what each compressed piece came to."""
+    g = torch.Generator().manual_seed(7)
+    states = [{"w": torch.randn(1 << 18, generator=g), "m": torch.randn(1 << 18, generator=g).abs()}]
+    for _ in range(2):  # sparse updates: XOR deltas that compress well (no plain candidate needed)
+        nxt = {k: v.clone() for k, v in states[-1].items()}
+        for v in nxt.values():
+            v[torch.randint(0, v.numel(), (2000,), generator=g)] += 1.0
+        states.append(nxt)
+    opts = WriteOptions(chunk_bytes=1 << 18, cpu_threads=1, incompressible_ratio=0.99, pack_below=0)
+    root = tmp_path / "s"
+    with CheckpointManager(str(root), job="j", policy=INCR, options=opts) as mgr:
+        mgr.save(1, states[0], blocking=True)
+        mgr.save(2, states[1], blocking=True)
+        assert sum(c.is_delta for t in mgr.manifest(2).tensors.values() for c in t.chunks) >= 4
+    count = _count_samples(monkeypatch)
+    samples = {}
+    for restored in (False, True):
+        work = tmp_path / f"resumed-{restored}"
+        shutil.copytree(root, work)
+        with CheckpointManager(str(work), job="j", policy=INCR, options=opts) as mgr:
+            if restored:
+                mgr.restore_into({k: torch.zeros_like(v) for k, v in states[1].items()})
+            count[0] = 0
+            mgr.save(3, states[2], blocking=True)
+            samples[restored] = count[0]
+            assert mgr.manifest(3).kind == "incremental"
+            got = mgr.restore(3)
+            assert all(torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)) for k, v in states[2].items())
+    assert samples[False] >= 8, samples  # every changed piece's delta sampled
+    assert samples[True] == 0, samples  # each one's ratio known from the restored step
+
+
+def test_a_seeded_ratio_serves_like_a_fresh_sample_and_never_replaces_a_known_one():
+    memo = RatioMemo(every=4)
+    memo.ratio("known", lambda: 0.9)
+    memo.seed([("known", 0.1), ("new", 0.3)])
+    assert memo.ratio("known", lambda: 0.5) in (0.9, 0.5)  # its own ratio (or its resample), never the seed
+    uses: list[int] = []
+    got = [memo.ratio("new", lambda: uses.append(1) or 0.7) for _ in range(9)]
+    # served from the seed first (no sample), then resampled every 4th use
+    assert got[0] == 0.3 and 1 <= len(uses) <= 3 and got.count(0.3) <= 4, got

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import TrainstoreError
 from .backend import SaveBackend, SaveContext
 from .format import layout, manifest as mf
+from .format.delta import stored_ratios
 from .format.manifest import ChunkEntry, Manifest, TensorEntry
 from .format.ratios import RatioMemo
 from .format.ready import ReadyCopies, ready_pieces
@@ -121,6 +122,7 @@ class SingleProcessBackend(SaveBackend):
         else:
             state = load_into(self.ctx.chunks, manifest, into, self.ctx.read_workers, scratch_bytes, ready)
         self.ready.report(ready, manifest.step, self.ctx.notify)
+        self.ratios.seed(stored_ratios(manifest.tensors))  # the next save's codec choices, unsampled
         return state
 
     def _after_commit(self, m: Manifest, data: dict[str, memoryview]) -> None:

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 
 from ..checkpoint.backend import SaveBackend, SaveContext, distributed_job
 from ..checkpoint.format import manifest as mf
+from ..checkpoint.format.delta import stored_ratios
 from ..checkpoint.format.ratios import RatioMemo
 from ..checkpoint.format.ready import ReadyCopies
 from ..checkpoint.save.staging import Stager, plan_sizes
@@ -198,6 +199,7 @@ class DcpBackend(SaveBackend):
             raise _load_error(exc, manifest.step) from exc
         finally:
             self.ready.report(ready, manifest.step, self.ctx.notify)
+        self.ratios.seed(stored_ratios(manifest.tensors))  # the next save's codec choices, unsampled
         return into
 
 

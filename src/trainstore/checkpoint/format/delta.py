@@ -29,7 +29,7 @@ most two chunks per piece and losing one incremental never breaks another.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,7 +38,7 @@ from ...chunks import ChunkRef, ChunkStore, content_hash
 from ...codecs import encode
 from ...digests import Hasher, digests, hasher
 from ...hostmem import empty_array
-from .manifest import ChunkEntry
+from .manifest import ChunkEntry, TensorEntry
 from .packs import build_pack
 from .ratios import RatioMemo
 
@@ -336,4 +336,15 @@ class PieceEncoder:
         return self.plain(data, itemsize, sums, codec=self.delta_codec, raw_above=self.incompressible_ratio, key=key)
 
 
-__all__ = ["DeltaApply", "PieceEncoder", "auto_incompressible_ratio", "auto_raw_above", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE"]
+def stored_ratios(tensors: dict[str, TensorEntry]) -> Iterator[tuple[tuple, float]]:
+    """(ratio memo key, stored / raw size) of every piece a checkpoint stored compressed, under
+    the keys ``PieceEncoder`` asks its ``RatioMemo`` for (the codec's sample of the piece, as
+    an XOR delta or plain): what the next save of the same state would sample again."""
+    for name, t in tensors.items():
+        for idx, c in enumerate(t.chunks):
+            if c.same_as_base or c.span is not None or c.ref.codec == "raw" or not c.ref.size:
+                continue
+            yield ("delta" if c.base is not None else "plain", name, idx, c.ref.codec, c.ref.size), c.ref.stored / c.ref.size
+
+
+__all__ = ["DeltaApply", "PieceEncoder", "auto_incompressible_ratio", "auto_raw_above", "PieceResult", "xor_into", "scratch", "TRY_PLAIN_ABOVE", "stored_ratios"]

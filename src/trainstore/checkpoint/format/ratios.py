@@ -11,6 +11,9 @@ saves of an incremental's candidates; the next full saves for a full save's code
 sampled again. A piece's first resample comes after a stable-hashed 1..``every`` uses, so
 the resamples of a state spread over the saves instead of all landing in one.
 
+A fresh process (a resumed job) starts from the ratios its restored checkpoint's pieces were
+written at (``RatioMemo.seed``, ``delta.stored_ratios``): the whole piece's, not a sample's.
+
 A stale ratio costs bytes or codec CPU, never correctness: every chunk records the codec that
 wrote it, and unchanged pieces are recognised by their hash, not by a ratio.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 from ...errors import ConfigError
 
@@ -46,13 +49,30 @@ class RatioMemo:
                 self._ratios[key] = (found[0], found[1] - 1)
                 return found[0]
         value = sample()
-        left = self.every - 1 if found is not None else zlib.crc32(repr(key).encode()) % self.every
+        left = self.every - 1 if found is not None else _first_uses(key, self.every)
         with self._lock:
             if len(self._ratios) >= MAX_ENTRIES and key not in self._ratios:
                 self._ratios.clear()
             self._ratios[key] = (value, left)
             self.samples += 1
         return value
+
+    def seed(self, measured: Iterable[tuple[Hashable, float]]) -> None:
+        """Remember ratios measured elsewhere - what each piece of a restored checkpoint came
+        to when it was written (``delta.stored_ratios``) - as if sampled now, so a fresh
+        process's first save does not sample them again; a key already known keeps its own."""
+        with self._lock:
+            for key, value in measured:
+                if key in self._ratios:
+                    continue
+                if len(self._ratios) >= MAX_ENTRIES:
+                    break
+                self._ratios[key] = (value, _first_uses(key, self.every) + 1)  # + the use a sample serves
+
+
+def _first_uses(key: Hashable, every: int) -> int:
+    """Reuses before a new key's first resample: stable per key, so resamples spread over saves."""
+    return zlib.crc32(repr(key).encode()) % every
 
 
 __all__ = ["MAX_ENTRIES", "RatioMemo"]
