@@ -174,3 +174,6 @@ def test_a_seeded_ratio_serves_like_a_fresh_sample_and_never_replaces_a_known_on
     got = [memo.ratio("new", lambda: uses.append(1) or 0.7) for _ in range(9)]
     # served from the seed first (no sample), then resampled every 4th use
     assert got[0] == 0.3 and 1 <= len(uses) <= 3 and got.count(0.3) <= 4, got
+    every_time = RatioMemo(every=1)  # resample_every=1: every save samples, seeds or not
+    every_time.seed([("new", 0.3)])
+    assert every_time.ratio("new", lambda: 0.7) == 0.7

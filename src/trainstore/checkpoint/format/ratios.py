@@ -60,7 +60,10 @@ class RatioMemo:
     def seed(self, measured: Iterable[tuple[Hashable, float]]) -> None:
         """Remember ratios measured elsewhere - what each piece of a restored checkpoint came
         to when it was written (``delta.stored_ratios``) - as if sampled now, so a fresh
-        process's first save does not sample them again; a key already known keeps its own."""
+        process's first save does not sample them again; a key already known keeps its own.
+        With ``every=1`` (sample every time) nothing is seeded."""
+        if self.every == 1:
+            return
         with self._lock:
             for key, value in measured:
                 if key in self._ratios:
