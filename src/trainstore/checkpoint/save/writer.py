@@ -61,8 +61,8 @@ class WriteOptions:
 
     ``resample_every``: a piece's sampled compression ratio (what picks its codec) is reused
     the next ``resample_every - 1`` times the piece is saved with that codec in the same job
-    (the backend's ``format.ratios.RatioMemo``), then sampled again; 1 samples every piece
-    of every save.
+    (the backend's ``format.ratios.RatioMemo``, which a restore seeds with what the restored
+    checkpoint's pieces came to), then sampled again; 1 samples every piece of every save.
 
     ``nice``: background threads raise their niceness by this much. The default 0 favours
     time until durable; set e.g. 10 when training throughput matters more than how soon a
