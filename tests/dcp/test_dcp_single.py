@@ -206,3 +206,22 @@ def test_a_restore_through_a_host_scratch_reads_uncached_chunks_with_o_direct(tm
     dcp.load({"w": target}, storage_reader=StorageReader(root, "j"), no_dist=True)
     assert torch.equal(target, w)
     assert len(opened) >= 4  # the 1 MiB raw pieces were read with O_DIRECT
+
+
+def test_no_memory_for_the_host_scratch_is_a_capacity_error_naming_the_tensor(tmp_path, monkeypatch):
+    import errno
+
+    import trainstore.dcp.reader as reader_mod
+    from trainstore.errors import CapacityError
+
+    root = str(tmp_path)
+    dcp.save({"w": torch.randn(1024, 1024)}, storage_writer=StorageWriter(root, "j"), checkpoint_id=1, no_dist=True)
+
+    def no_memory(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(reader_mod, "empty_tensor", no_memory)
+    target = {"w": torch.zeros(1024, 1024).t()}  # non-contiguous: read through a host scratch
+    with CheckpointManager(root, job="j") as mgr, pytest.raises(CapacityError, match=r"host memory to read 'w@.*\[1024, 1024\]"):
+        mgr.restore_into(target)
+    assert not target["w"].any()  # nothing was written

@@ -37,7 +37,7 @@ from ..checkpoint.format.ready import ReadyReads
 from ..checkpoint.format.state import parse_numpy_dtype, parse_torch_dtype, unflatten
 from ..checkpoint.restore.reader import HOSTMEM_MIN_BYTES, read_piece
 from ..chunks import ChunkStore
-from ..errors import ManifestError, NoCheckpointError, NotFoundError
+from ..errors import CapacityError, ManifestError, NoCheckpointError, NotFoundError
 from ..hostmem import empty_tensor
 from ..store import open_store
 from ..store.base import Store
@@ -49,6 +49,19 @@ from .coordination import (
 )
 from .items import OBJ_PREFIX
 from .metadata import index_from_json, metadata_from_json
+
+
+def _scratch(name: str, entry: TensorEntry, dtype: torch.dtype) -> torch.Tensor:
+    """The host copy a saved tensor is read into when its target cannot be filled in place:
+    pages touched only where read; ``hostmem`` (4 KiB-aligned: ``O_DIRECT``) from
+    ``HOSTMEM_MIN_BYTES`` on. No memory for it is a ``CapacityError`` naming the tensor."""
+    try:
+        if entry.nbytes >= HOSTMEM_MIN_BYTES:
+            return empty_tensor(tuple(entry.shape), dtype, huge_pages=False)
+        return torch.empty(entry.shape, dtype=dtype)
+    except (RuntimeError, MemoryError, OSError) as exc:  # OSError: mmap ENOMEM
+        raise CapacityError(f"cannot allocate {entry.nbytes} bytes of host memory to read {name!r} "
+                            f"({entry.dtype} {list(entry.shape)[:8]}): {str(exc)[:120]}") from None
 
 
 class StorageReader(_TorchStorageReader):
@@ -228,9 +241,8 @@ class StorageReader(_TorchStorageReader):
                     tasks += [(p, raw[s:s + p.size]) for p, s in _pieces(entry, 0, entry.nbytes)]
                     direct.append((req, target))
                     continue
-                if shard is None:  # pages touched only where read; 4 KiB-aligned from 2 MiB on (O_DIRECT)
-                    shard = empty_tensor(tuple(entry.shape), dtype, huge_pages=False) \
-                        if entry.nbytes >= HOSTMEM_MIN_BYTES else torch.empty(entry.shape, dtype=dtype)
+                if shard is None:
+                    shard = _scratch(name, entry, dtype)
                 lo, hi = _byte_range(entry.shape, req.storage_offsets, req.lengths, itemsize)
                 if hi > lo:
                     need.append((lo, hi))
