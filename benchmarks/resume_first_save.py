@@ -45,7 +45,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pagecache  # noqa: E402
 from checkpoint import trained_gpt_state  # noqa: E402
-from checkpoint_cold import flat_tensors, stepped  # noqa: E402
+from checkpoint_cold import flat_tensors, fsync_path, stepped  # noqa: E402
 
 from trainstore.checkpoint import CheckpointManager, CheckpointPolicy  # noqa: E402
 
@@ -73,16 +73,6 @@ def prepare(work: str, gib: float | None) -> int:
     dcp.save(flat_tensors(state2), checkpoint_id=os.path.join(work, "dcp"))
     torch.save(state2, os.path.join(work, "state2.pt"))
     return sum(t.nbytes for t in flat_tensors(state).values())
-
-
-def _fsync_tree(path: str) -> None:
-    for d, _, fs in os.walk(path):
-        for f in fs:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
 
 def _copy_into(dst, src) -> None:  # noqa: ANN001
@@ -139,7 +129,8 @@ def child(work: str, method: str, cached: bool) -> dict:
             fut = dcp.async_save(flat_tensors(state), checkpoint_id=scratch)
             out["blocking"] = time.perf_counter() - t
             fut.result()
-            _fsync_tree(scratch)
+            for path in pagecache.files_under(scratch):
+                fsync_path(path)
             out["durable"] = time.perf_counter() - t
         else:
             with open(scratch, "wb") as f:

@@ -6,14 +6,13 @@ early is a clear error, and nothing half-restored is handed back."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
 
 import numpy as np
 import pytest
 import torch
+from harness import pagecache
 
 from trainstore import CheckpointManager, CheckpointPolicy, open_store
 from trainstore.checkpoint.restore import chunkread, reader
@@ -56,45 +55,18 @@ def _raw_chunk_paths(root: str) -> list[str]:
     return sorted(out)
 
 
-def _drop_from_page_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _cached(path: str) -> bool:
-    """Whether any page of ``path`` is in the page cache (mincore: asks without reading; a
-    RWF_NOWAIT read would start readahead)."""
-    size = os.path.getsize(path)
-    pages = -(-size // 4096)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
-        vec = (ctypes.c_ubyte * pages)()
-        try:
-            assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
-        return any(v & 1 for v in vec)
-    finally:
-        os.close(fd)
-
-
-def _direct_supported(root: str) -> bool:
-    try:
-        fd = os.open(os.path.join(root, "probe"), os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-    except OSError:
-        return False
-    os.close(fd)
-    os.unlink(os.path.join(root, "probe"))
-    return True
+def _saved_and_evicted(root: str, state: dict) -> list[str]:
+    """Save ``state`` as step 0 under ``root`` and drop its raw chunks from the page cache;
+    skips where the filesystem refuses O_DIRECT or the kernel keeps the pages."""
+    if not pagecache.direct_supported(root):
+        pytest.skip("filesystem refuses O_DIRECT")
+    with CheckpointManager(root, job="j", policy=FULL_ONLY, options=OPTS) as mgr:
+        mgr.save(0, state, blocking=True)
+    paths = _raw_chunk_paths(root)
+    pagecache.evict(paths)
+    if any(pagecache.cached(p) for p in paths):
+        pytest.skip("the kernel kept the chunks cached (fadvise ignored)")
+    return paths
 
 
 def test_full_incremental_partial_and_compressed_restores_are_bit_identical(tmp_path) -> None:
@@ -141,22 +113,14 @@ def test_large_destinations_are_page_aligned_hostmem(tmp_path) -> None:
 
 def test_uncached_raw_chunks_are_read_with_o_direct_and_verified(tmp_path) -> None:
     root = str(tmp_path)
-    if not _direct_supported(root):
-        pytest.skip("filesystem refuses O_DIRECT")
     s0 = _state(5)
-    with CheckpointManager(root, job="j", policy=FULL_ONLY, options=OPTS) as mgr:
-        mgr.save(0, s0, blocking=True)
-    paths = _raw_chunk_paths(root)
+    paths = _saved_and_evicted(root, s0)
     assert len(paths) >= 3
-    for p in paths:
-        _drop_from_page_cache(p)
-    if any(_cached(p) for p in paths):
-        pytest.skip("the kernel kept the chunks cached (fadvise ignored)")
     with CheckpointManager(root, job="j") as mgr:
         _assert_same(mgr.restore(step=0), s0)
     # read from the device into the tensors: the page cache never saw the whole-block parts
     big = [p for p in paths if os.path.getsize(p) == MIB]
-    assert big and not any(_cached(p) for p in big)
+    assert big and not any(pagecache.cached(p) for p in big)
 
 
 def test_restore_into_reads_uncached_raw_chunks_with_o_direct_too(tmp_path) -> None:
@@ -166,22 +130,14 @@ def test_restore_into_reads_uncached_raw_chunks_with_o_direct_too(tmp_path) -> N
     ``scratch_bytes`` pieces are verified, then read again: through the page cache, so that
     the second read comes from memory.)"""
     root = str(tmp_path)
-    if not _direct_supported(root):
-        pytest.skip("filesystem refuses O_DIRECT")
     s0 = _state(8)
-    with CheckpointManager(root, job="j", policy=FULL_ONLY, options=OPTS) as mgr:
-        mgr.save(0, s0, blocking=True)
-    paths = _raw_chunk_paths(root)
-    for p in paths:
-        _drop_from_page_cache(p)
-    if any(_cached(p) for p in paths):
-        pytest.skip("the kernel kept the chunks cached (fadvise ignored)")
+    paths = _saved_and_evicted(root, s0)
     target = {"model": {k: torch.zeros_like(v) for k, v in s0["model"].items()}, "step": -1}
     with CheckpointManager(root, job="j") as mgr:
         mgr.restore_into(target)
     _assert_same(target, s0)
     big = [p for p in paths if os.path.getsize(p) == MIB]
-    assert big and not any(_cached(p) for p in big)
+    assert big and not any(pagecache.cached(p) for p in big)
 
 
 def test_corrupt_uncached_piece_is_named_and_restore_falls_back(tmp_path) -> None:
@@ -198,7 +154,7 @@ def test_corrupt_uncached_piece_is_named_and_restore_falls_back(tmp_path) -> Non
         b = f.read(1)
         f.seek(MIB // 2)
         f.write(bytes([b[0] ^ 0x10]))
-    _drop_from_page_cache(victim)
+    pagecache.evict([victim])
     with CheckpointManager(root, job="j") as mgr:
         res = mgr.restore_with_info()
         with pytest.raises(IntegrityError, match=os.path.basename(victim)):

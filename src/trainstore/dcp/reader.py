@@ -35,10 +35,9 @@ from ..checkpoint.format.manifest import Manifest, TensorEntry
 from ..checkpoint.format.packs import group_packed
 from ..checkpoint.format.ready import ReadyReads
 from ..checkpoint.format.state import parse_numpy_dtype, parse_torch_dtype, unflatten
-from ..checkpoint.restore.reader import HOSTMEM_MIN_BYTES, read_piece
+from ..checkpoint.restore.reader import host_tensor, read_piece
 from ..chunks import ChunkStore
-from ..errors import CapacityError, ManifestError, NoCheckpointError, NotFoundError
-from ..hostmem import empty_tensor
+from ..errors import ManifestError, NoCheckpointError, NotFoundError
 from ..store import open_store
 from ..store.base import Store
 from .coordination import (
@@ -49,19 +48,6 @@ from .coordination import (
 )
 from .items import OBJ_PREFIX
 from .metadata import index_from_json, metadata_from_json
-
-
-def _scratch(name: str, entry: TensorEntry, dtype: torch.dtype) -> torch.Tensor:
-    """The host copy a saved tensor is read into when its target cannot be filled in place:
-    pages touched only where read; ``hostmem`` (4 KiB-aligned: ``O_DIRECT``) from
-    ``HOSTMEM_MIN_BYTES`` on. No memory for it is a ``CapacityError`` naming the tensor."""
-    try:
-        if entry.nbytes >= HOSTMEM_MIN_BYTES:
-            return empty_tensor(tuple(entry.shape), dtype, huge_pages=False)
-        return torch.empty(entry.shape, dtype=dtype)
-    except (RuntimeError, MemoryError, OSError) as exc:  # OSError: mmap ENOMEM
-        raise CapacityError(f"cannot allocate {entry.nbytes} bytes of host memory to read {name!r} "
-                            f"({entry.dtype} {list(entry.shape)[:8]}): {str(exc)[:120]}") from None
 
 
 class StorageReader(_TorchStorageReader):
@@ -241,8 +227,8 @@ class StorageReader(_TorchStorageReader):
                     tasks += [(p, raw[s:s + p.size]) for p, s in _pieces(entry, 0, entry.nbytes)]
                     direct.append((req, target))
                     continue
-                if shard is None:
-                    shard = _scratch(name, entry, dtype)
+                if shard is None:  # the saved tensor on the host (O_DIRECT-ready)
+                    shard = host_tensor(entry, dtype, name)
                 lo, hi = _byte_range(entry.shape, req.storage_offsets, req.lengths, itemsize)
                 if hi > lo:
                     need.append((lo, hi))

@@ -201,12 +201,21 @@ def _check_size(entry: TensorEntry, itemsize: int) -> None:
                             f"manifest says {entry.nbytes}")
 
 
-def _alloc(fn: Any, entry: TensorEntry) -> Any:
+def _alloc(fn: Any, entry: TensorEntry, name: str | None = None) -> Any:
     try:
         return fn()
     except (RuntimeError, MemoryError, ValueError, OSError) as exc:  # OSError: mmap ENOMEM
-        raise CapacityError(f"cannot allocate {entry.nbytes} bytes for a {entry.dtype} tensor of shape "
-                            f"{list(entry.shape)[:8]}: {str(exc)[:120]}") from None
+        what = f" to read {name!r}" if name is not None else ""
+        raise CapacityError(f"cannot allocate {entry.nbytes} bytes of host memory{what} for a {entry.dtype} tensor "
+                            f"of shape {list(entry.shape)[:8]}: {str(exc)[:120]}") from None
+
+
+def host_tensor(entry: TensorEntry, dtype: Any, name: str | None = None) -> Any:
+    """A fresh host tensor of ``entry``'s shape: ``hostmem`` (4 KiB-aligned, so uncached raw
+    pieces are read into it with ``O_DIRECT``) from ``HOSTMEM_MIN_BYTES`` on; pages are
+    touched only where read. No memory for it is a ``CapacityError`` (naming ``name``)."""
+    return _alloc(lambda: empty_tensor(tuple(entry.shape), dtype, huge_pages=HUGE_PAGES)
+                  if entry.nbytes >= HOSTMEM_MIN_BYTES else torch.empty(entry.shape, dtype=dtype), entry, name)
 
 
 def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
@@ -214,8 +223,7 @@ def _new_leaf(entry: TensorEntry) -> tuple[Any, np.ndarray]:
     if entry.dtype.startswith("torch."):
         dtype = parse_torch_dtype(entry.dtype)
         _check_size(entry, dtype.itemsize)
-        t = _alloc(lambda: empty_tensor(tuple(entry.shape), dtype, huge_pages=HUGE_PAGES) if entry.nbytes >= HOSTMEM_MIN_BYTES
-                   else torch.empty(entry.shape, dtype=dtype), entry)
+        t = host_tensor(entry, dtype)
         nbytes = t.numel() * t.element_size()
         if nbytes != entry.nbytes:
             raise ManifestError(f"tensor of shape {entry.shape} {entry.dtype} is {nbytes} bytes, manifest says {entry.nbytes}")
@@ -352,4 +360,4 @@ def load_into(chunks: ChunkStore, manifest: Manifest, target: Any, workers: int 
     return merge_into(target, restored)
 
 
-__all__ = ["load_into", "load_state", "read_piece"]
+__all__ = ["host_tensor", "load_into", "load_state", "read_piece"]
