@@ -29,7 +29,6 @@ the buffer is unpinned when the last view is gone - before the mapping is releas
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import mmap
 import threading
@@ -54,7 +53,10 @@ MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 MADV_POPULATE_WRITE = 23
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)  # CDLL: calls release the GIL
+#: the C library, from the symbols already loaded (dlopen(NULL)): ctypes.util.find_library
+#: would run `ldconfig -p` in a subprocess at import (5-7 ms per process). CDLL: calls
+#: release the GIL
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _libc.madvise.restype = ctypes.c_int
 

@@ -29,7 +29,6 @@ copied once) into ``out``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -60,7 +59,7 @@ USE_DIRECT = True
 OnBlock = Callable[[int, int], None]
 
 _tls = threading.local()
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # libc, loaded already (hostmem._libc)
 _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
 _libc.mincore.restype = ctypes.c_int
 
