@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from trainstore import __version__
+from trainstore import __version__, provenance
 from trainstore.checkpoint import CheckpointManager
 from trainstore.cli.main import app
 from trainstore.data.ingest import IngestConfig, Ingestor
@@ -65,6 +66,34 @@ def test_checkpoint_records_both_and_the_cli_shows_both(user_repo, tmp_path):
     r = CliRunner().invoke(app, ["ckpt", "show", root, "--job", "j"])
     assert r.exit_code == 0, r.output
     assert f"code {user}" in r.stdout and f"trainstore {trainstore_version()}" in r.stdout
+
+
+def test_a_slow_git_costs_neither_the_manager_nor_a_restore_and_saves_still_record_it(user_repo, tmp_path,
+                                                                                       monkeypatch):
+    """``git status`` in a large work tree takes seconds: the manager asks git on its save
+    thread, so constructing it (every rank, every restart) and restoring never wait for git,
+    and the first save's manifest still names the code."""
+    root = str(tmp_path / "ckpt")
+    with CheckpointManager(root, job="j") as mgr:
+        mgr.save(1, {"w": np.arange(8, dtype=np.float32)}, blocking=True)
+    real = provenance._git
+
+    def slow_git(args, cwd):
+        time.sleep(0.5)
+        return real(args, cwd)
+
+    monkeypatch.setattr(provenance, "_git", slow_git)
+    t = time.perf_counter()
+    mgr = CheckpointManager(root, job="j")
+    state = mgr.restore()
+    waited = time.perf_counter() - t
+    try:
+        assert waited < 0.4, f"constructing a manager and restoring waited {waited:.2f} s for git"
+        np.testing.assert_array_equal(state["w"], np.arange(8, dtype=np.float32))
+        mgr.save(2, state, blocking=True)
+        assert mgr.manifest(2).metadata["code_version"] == f"git:{_git(user_repo, 'rev-parse', 'HEAD')}"
+    finally:
+        mgr.close()
 
 
 def test_dataset_version_records_both_and_the_cli_shows_both(user_repo, tmp_path):

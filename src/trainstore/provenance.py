@@ -51,4 +51,9 @@ def code_version(path: str | None = None) -> str | None:
         return None
 
 
-__all__ = ["code_version", "trainstore_version"]
+def manifest_fields() -> dict[str, str | None]:
+    """The two fields a checkpoint manifest records: ``code_version`` and ``trainstore_version``."""
+    return {"code_version": code_version(), "trainstore_version": trainstore_version()}
+
+
+__all__ = ["code_version", "manifest_fields", "trainstore_version"]

@@ -12,14 +12,13 @@
     print(mgr.last_restore)                           # which step, why, what was skipped
 
 The manager owns what every save shares: the lock, the one in-flight save, background errors
-(raised at the next ``save``/``wait``/``close``, or with ``on_error`` "warn"/"retry" training
-continues: ``failures``), hooks and observers. The work is a save backend's (``backend``):
-``single`` in one process, ``dcp`` in a torch.distributed job. A save copies the state to host
-buffers (the caller's clock), one background thread writes and commits it. Restore picks
-candidates in ``restore``; the backend that wrote a manifest loads it.
+(raised at the next ``save``/``wait``/``close``; ``on_error`` "warn"/"retry": ``failures``),
+hooks and observers. The work is a save backend's (``backend``): ``single`` in one process,
+``dcp`` in a torch.distributed job. A save copies the state to host buffers (the caller's
+clock), one background thread writes and commits it. The backend that wrote a manifest loads it.
 
-Rollbacks and reruns (``lineage``): a save reaching an existing step moves the later ones to
-``abandoned/``. ``hooks(info, manager)`` run after each commit (retention, tiering, metrics).
+Reruns (``lineage``): a save reaching an existing step moves the later ones to ``abandoned/``;
+``hooks(info, manager)`` run after each commit.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from ..chunks import ChunkStore, RepairEvent
 from ..codecs import CodecConfig
 from ..errors import AlreadyExistsError, ConfigError
 from ..gcpause import gc_paused
-from ..provenance import code_version, trainstore_version
+from ..provenance import code_version, manifest_fields
 from ..store import open_store
 from ..store.base import Store
 from .backend import SaveBackend, SaveContext, backend_class, backend_name
@@ -99,9 +98,9 @@ class CheckpointManager:
         self._saves = InflightSaves(self.job)
         self._lock = self._saves.lock
         self._closed = False
-        # what wrote each manifest, and the backend's import: now, not on the first save's clock
-        self._provenance = {"code_version": code_version(), "trainstore_version": trainstore_version()}
-        backend_class(backend_name())
+        # what wrote each manifest: git, asked on the save thread (`git status` can take seconds)
+        self._provenance: Future[dict[str, str | None]] = self._executor.submit(manifest_fields)
+        backend_class(backend_name())  # the backend's import: now, not on the first save's clock
         exit_hooks.track(self)
 
     # -- policy ----------------------------------------------------------------------------
@@ -162,7 +161,7 @@ class CheckpointManager:
         if not self._lineage.pending:  # else a rerun may reach existing steps: the save thread decides
             backend.check_free(step)
         metadata = {"config": jsonable(config or {}, "config"), "metrics": jsonable(metrics or {}, "metrics"),
-                    "created": time.time(), **self._provenance, "extra": jsonable(extra or {}, "extra")}
+                    "created": time.time(), "extra": jsonable(extra or {}, "extra")}
         staged = backend.stage(state)
         blocked = time.perf_counter() - t0
         ticket = self._lineage.saved(step)
@@ -223,7 +222,8 @@ class CheckpointManager:
         resolves there: the handle's durable point); then the work after the commit and the hooks."""
         try:
             parent = self._follow_lineage(step, backend, ticket)
-            metadata = {**metadata, lineage.RUN_FIELD: self.run, lineage.PARENT_FIELD: parent}
+            metadata = {**metadata, **self._provenance.result(), lineage.RUN_FIELD: self.run,
+                        lineage.PARENT_FIELD: parent}
             info = commit.resolve(backend.write(step, kind, staged, metadata, commit.resolve))
         except BaseException as exc:
             if commit.fail(exc):  # after the commit (best-effort work): the checkpoint stands
