@@ -260,7 +260,7 @@ H = "0f" * 32
         {"hash": H}, (H, "zstd", 1, 1, 1),
         ["../../etc/passwd" + "0" * 48, "zstd", 1, 1, 1],  # path traversal through the hash
         [H[:-1], "zstd", 1, 1, 1], [H + "0", "zstd", 1, 1, 1], [H.upper(), "zstd", 1, 1, 1],
-        ["g" * 64, "zstd", 1, 1, 1], [123, "zstd", 1, 1, 1],
+        ["g" * 64, "zstd", 1, 1, 1], [H[:30] + "x" + H[31:], "zstd", 1, 1, 1], [123, "zstd", 1, 1, 1],
         [H, "gzip", 1, 1, 1], [H, "zstd/../x", 1, 1, 1], [H, None, 1, 1, 1], [H, ["zstd"], 1, 1, 1],
         [H, "zstd", -1, 1, 1], [H, "zstd", 1, -1, 1], [H, "zstd", 1.0, 1, 1], [H, "zstd", "1", 1, 1],
         [H, "zstd", True, 1, 1], [H, "zstd", 1, 1, 0], [H, "zstd", 1, 1, 256],

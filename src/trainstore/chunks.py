@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .codecs import CODECS, LOSSY_CODECS, MAX_CHUNK_BYTES, CodecConfig, check_codec, decode, encode
-from .digests import HASH_HEX_LEN, content_hash, matches
+from .digests import HASH_HEX_LEN, content_hash, is_hex, matches
 from .errors import (
     AlreadyExistsError,
     ChunkCorruptError,
@@ -92,7 +92,7 @@ class ChunkRef:
         if not isinstance(obj, list) or len(obj) != 5:
             raise ManifestError(f"chunk reference must be [hash, codec, size, stored, itemsize], got {obj!r:.120}")
         h, codec, size, stored, itemsize = obj
-        if not (isinstance(h, str) and len(h) == HASH_HEX_LEN and all(c in "0123456789abcdef" for c in h)):
+        if not is_hex(h, HASH_HEX_LEN):
             raise ManifestError(f"chunk reference has a malformed hash {h!r:.80}")
         if not isinstance(codec, str) or codec not in CODECS + LOSSY_CODECS:
             raise ManifestError(f"chunk reference has an unknown codec {codec!r:.40}")

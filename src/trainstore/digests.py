@@ -77,10 +77,16 @@ def matches(data: Buffer, content: str, check: str | None, strong: bool = False)
     return read_check(data) == check if check else content_hash(data) == content
 
 
+def is_hex(value: object, length: int) -> bool:
+    """Whether ``value`` is ``length`` lowercase hex digits (``str.strip`` runs in C: a manifest
+    holds one hash per piece, and a generator over each digit cost a restore milliseconds)."""
+    return isinstance(value, str) and len(value) == length and not value.strip("0123456789abcdef")
+
+
 def is_check(value: object) -> bool:
     """Whether ``value`` is a well-formed read check (32 lowercase hex digits)."""
-    return isinstance(value, str) and len(value) == CHECK_HEX_LEN and all(c in "0123456789abcdef" for c in value)
+    return is_hex(value, CHECK_HEX_LEN)
 
 
 __all__ = ["CHECK_HEX_LEN", "DIGEST_BLOCK", "HASH_HEX_LEN", "Hasher", "content_hash", "digests", "hasher",
-           "is_check", "matches", "read_check"]
+           "is_check", "is_hex", "matches", "read_check"]
