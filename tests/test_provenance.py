@@ -47,6 +47,10 @@ def test_code_version_is_the_git_state_of_the_given_directory(user_repo, tmp_pat
     outside = tmp_path / "not-a-repo"
     outside.mkdir()
     assert code_version(str(outside)) is None
+    empty = tmp_path / "no-commit-yet"
+    empty.mkdir()
+    _git(empty, "init", "-q")
+    assert code_version(str(empty)) is None
 
 
 def test_trainstore_version_names_this_library():

@@ -41,14 +41,17 @@ def trainstore_version() -> str:
 def code_version(path: str | None = None) -> str | None:
     """``git:<sha>[-dirty]`` of the git work tree at ``path`` (default: the current directory),
     or None outside git."""
-    try:
-        sha = _git(["rev-parse", "HEAD"], path)
-        if sha.returncode != 0:
-            return None
-        dirty = _git(["status", "--porcelain", "--untracked-files=no"], path)
-        return f"git:{sha.stdout.strip()}" + ("-dirty" if dirty.stdout.strip() else "")
+    try:  # one git call: the header names HEAD, any other line is a change to a tracked file
+        out = _git(["status", "--porcelain=v2", "--branch", "--untracked-files=no"], path)
     except (OSError, subprocess.SubprocessError):
         return None
+    if out.returncode != 0:
+        return None
+    lines = out.stdout.splitlines()
+    sha = next((ln.split()[2] for ln in lines if ln.startswith("# branch.oid ") and len(ln.split()) == 3), None)
+    if sha is None or sha == "(initial)":  # no commit yet
+        return None
+    return f"git:{sha}" + ("-dirty" if any(ln and not ln.startswith("#") for ln in lines) else "")
 
 
 def manifest_fields() -> dict[str, str | None]:

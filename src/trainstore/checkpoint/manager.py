@@ -98,8 +98,7 @@ class CheckpointManager:
         self._saves = InflightSaves(self.job)
         self._lock = self._saves.lock
         self._closed = False
-        # what wrote each manifest: git, asked on the save thread (`git status` can take seconds)
-        self._provenance: Future[dict[str, str | None]] = self._executor.submit(manifest_fields)
+        self._provenance: Future[dict[str, str | None]] | None = None  # git: asked by the first save (_stage)
         backend_class(backend_name())  # the backend's import: now, not on the first save's clock
         exit_hooks.track(self)
 
@@ -166,7 +165,9 @@ class CheckpointManager:
         blocked = time.perf_counter() - t0
         ticket = self._lineage.saved(step)
         commit = CommitPoint()  # what the handle waits for
-        fut = self._executor.submit(self._write, backend, step, kind, staged, metadata, ticket, commit)
+        if self._provenance is None:  # on the save thread once the copy is done (`git status` can take seconds)
+            self._provenance = self._executor.submit(manifest_fields)
+        fut = self._executor.submit(self._write, backend, step, kind, staged, metadata, ticket, commit, self._provenance)
         self._saves.start(step, fut)  # the save thread's whole work: the next save waits for it
         self._notify("save_staged", step=step, kind=kind, blocked_s=blocked)
         return SaveHandle(step, kind, commit.future, blocked_s=blocked)
@@ -217,13 +218,12 @@ class CheckpointManager:
         return found
 
     def _write(self, backend: SaveBackend, step: int, kind: str, staged: Any, metadata: dict,
-               ticket: tuple[bool, int | None], commit: CommitPoint) -> CheckpointInfo:
+               ticket: tuple[bool, int | None], commit: CommitPoint, provenance: Future[dict]) -> CheckpointInfo:
         """The save thread: the lineage check, the backend writes and commits (``commit``
         resolves there: the handle's durable point); then the work after the commit and the hooks."""
         try:
             parent = self._follow_lineage(step, backend, ticket)
-            metadata = {**metadata, **self._provenance.result(), lineage.RUN_FIELD: self.run,
-                        lineage.PARENT_FIELD: parent}
+            metadata = {**metadata, **provenance.result(), lineage.RUN_FIELD: self.run, lineage.PARENT_FIELD: parent}
             info = commit.resolve(backend.write(step, kind, staged, metadata, commit.resolve))
         except BaseException as exc:
             if commit.fail(exc):  # after the commit (best-effort work): the checkpoint stands
