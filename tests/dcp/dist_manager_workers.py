@@ -273,3 +273,38 @@ def manager_replica_share(rank: int, world: int, args: dict) -> dict:
     total = sum(t.numel() * t.element_size() for t in ddp_state()["model"].values()) + sum(
         t.numel() * t.element_size() for d in ddp_state()["optim"].values() for t in d.values())
     return {"skipped": sizes, "total": total, "exact": exact, "error": error, "after": after, "bounced": len(bounced)}
+
+
+def two_managers_first_saves(rank: int, world: int, args: dict) -> dict:
+    """Two managers of DCP jobs in one process (Lightning's same-step variant jobs have their
+    own), first saves issued back to back; on rank 1 the first manager's save thread reaches
+    its write late. Each backend's process groups must still be made in the same order on
+    every rank (on the caller's thread), or the two jobs' collectives pair up across jobs."""
+    import time
+
+    from trainstore.dcp.backend import DcpBackend
+
+    real = DcpBackend._write
+
+    def late(self, step, kind, staged, metadata, committed):  # noqa: ANN001
+        if rank == 1 and self.ctx.job == "first":
+            time.sleep(1.0)
+        return real(self, step, kind, staged, metadata, committed)
+
+    DcpBackend._write = late  # type: ignore[method-assign]
+    try:
+        first = CheckpointManager(args["root"], "first", options=SMALL, backend="dcp")
+        second = CheckpointManager(args["root"], "second", options=SMALL, backend="dcp")
+        h1 = first.save(10, make_state(world))
+        h2 = second.save(10, make_state(world, bump=1e-3))
+        h1.wait()
+        h2.wait()
+        target = make_state(world, zero=True)
+        second.restore_into(target)
+        check_state(target, bump=1e-3)
+        steps = [first.steps(), second.steps()]
+        first.close()
+        second.close()
+    finally:
+        DcpBackend._write = real  # type: ignore[method-assign]
+    return {"steps": steps}

@@ -245,3 +245,14 @@ def test_manager_stages_each_replicated_tensor_only_on_the_rank_that_writes_it_i
     assert sum(v["bounced"] for v in vals) == 0, vals
     # between them the ranks staged every replicated tensor once: each skipped what the other wrote
     assert sum(v["skipped"][1] for v in vals) == total
+
+
+def test_two_jobs_first_saves_make_their_groups_in_the_same_order_on_every_rank(tmp_path):
+    """A DCP backend made its process groups on the save thread's first write: with two
+    managers (a job and its same-step variant), a save thread that reached its write late on
+    one rank made the groups in another order there, and the two jobs' dcp.save collectives
+    waited on each other's groups until the timeout (a Lightning FSDP2 run hung at teardown)."""
+    results = run_ranks("dist_manager_workers:two_managers_first_saves", 2, {"root": str(tmp_path)},
+                        pythonpath=[HERE], timeout_s=60, pg_timeout_s=15, env={"TRAINSTORE_CKPT_TIMEOUT_S": "15"})
+    vals = assert_ok(results)
+    assert vals[0] == vals[1] == {"steps": [[10], [10]]}

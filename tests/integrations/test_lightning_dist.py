@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,15 +42,23 @@ def launch(tmp: Path, out: str, strategy: str, *, devices: int = 2, torchrun: bo
         env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     if unified:
         env = {**env, "LIGHTNING_NS": "lightning"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp))
+    # a session of its own: a hung job is killed whole, ranks included (killing the launcher
+    # alone left them holding the output pipe, and communicate() waited on it for ever)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp),
+                            start_new_session=True)
+
+
+def communicate(p: subprocess.Popen, timeout: float) -> str:
+    """The job's output; after ``timeout`` its whole process group is killed first."""
+    try:
+        return p.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return p.communicate()[0] + f"\n[killed after {timeout} s]"
 
 
 def finish(p: subprocess.Popen, what: str) -> None:
-    try:
-        out, _ = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate()
+    out = communicate(p, 240)
     assert p.returncode == 0 and "DONE rank 0" in out, f"{what} failed:\n{out[-4000:]}"
 
 
@@ -65,13 +74,13 @@ class Reference:
             cmd = [sys.executable, "-c", "import subprocess, sys; [subprocess.run(a, check=True) for a in "
                    f"{[launch_args(tmp, 'part.pt', strategy, 6, False), launch_args(tmp, 'ref.pt', strategy, 12, True)]!r}]"]
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
-                                         cwd=str(tmp))
+                                         cwd=str(tmp), start_new_session=True)
         else:
             self.proc = launch(tmp, "ref.pt", strategy)
 
     def result(self) -> dict:
         if not self.done:
-            out, _ = self.proc.communicate(timeout=300)
+            out = communicate(self.proc, 300)
             assert self.proc.returncode == 0, f"reference run failed:\n{out[-4000:]}"
             self.done = True
         return torch.load(self.dir / "ref.pt", weights_only=True)

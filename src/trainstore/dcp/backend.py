@@ -122,7 +122,12 @@ class DcpBackend(SaveBackend):
 
     def stage(self, state: Any) -> DcpStaged:
         """The host copy (``dcp/staging.py``): every DTensor shard, and the replicated tensors
-        this rank writes (``share.py``; all of them on a first save)."""
+        this rank writes (``share.py``; all of them on a first save). The process groups are
+        made here, on the caller's thread, if not yet: ``new_group`` must run in the same order
+        on every rank, and save threads (one per manager: a job and its variants) reach their
+        first write in whatever order their timing gives each rank."""
+        if dist.is_initialized():
+            self._group()
         staged = stage_dcp(self.stager, state, self.share, dist.get_world_size() if distributed_job() else 1,
                            self.shards)
         if staged.skipped_bytes:
