@@ -1,81 +1,15 @@
-"""Page-cache state of benchmark files, without root: evict with ``posix_fadvise(DONTNEED)``
-after an ``fsync``, count resident pages with ``mincore`` (mmap + ctypes), or read files once
-to cache them. Load-independent: counts of pages, not times."""
+"""Page-cache state of benchmark files, without root: the test harness's helpers
+(``tests/harness/pagecache.py``: evict with ``posix_fadvise(DONTNEED)`` after an ``fsync``,
+count resident pages with ``mincore``, read files once to cache them), imported from there so
+the two never drift. Load-independent: counts of pages, not times."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
 import os
+import sys
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-PAGE = mmap.PAGESIZE
-
-
-def files_under(*paths: str) -> list[str]:
-    """Every regular file at or under ``paths`` (missing ones skipped)."""
-    out = []
-    for p in paths:
-        if os.path.isfile(p):
-            out.append(p)
-        elif os.path.isdir(p):
-            for d, _dirs, fs in os.walk(p):
-                out.extend(os.path.join(d, f) for f in fs)
-    return sorted(out)
-
-
-def resident(path: str) -> tuple[int, int]:
-    """(pages of ``path`` in the page cache, pages of ``path``)."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0, 0
-    pages = (size + PAGE - 1) // PAGE
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
-        try:
-            vec = (ctypes.c_ubyte * pages)()
-            if _libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
-            return sum(b & 1 for b in vec), pages
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-
-
-def resident_all(paths: list[str]) -> tuple[int, int]:
-    """(resident pages, pages) summed over ``paths``."""
-    got = [resident(p) for p in paths]
-    return sum(r for r, _ in got), sum(n for _, n in got)
-
-
-def evict(paths: list[str]) -> None:
-    """fsync each file (dirty pages cannot be dropped), then drop its pages from the cache."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def cache(paths: list[str]) -> None:
-    """Read every byte of each file once (buffered), so it sits in the page cache."""
-    buf = bytearray(8 << 20)
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
-
+# appended, not first: tests/ holds packages (checkpoint, data) named like benchmark modules
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from harness.pagecache import PAGE, cache, evict, files_under, resident, resident_all  # noqa: E402
 
 __all__ = ["PAGE", "cache", "evict", "files_under", "resident", "resident_all"]

@@ -1,5 +1,7 @@
-"""The page-cache state of test files, without root: ``evict`` (fsync, then
-``posix_fadvise(DONTNEED)``), ``cached`` (``mincore``: asks without reading), and whether a
+"""The page-cache state of files, without root - one implementation for the tests and the
+benchmarks (``benchmarks/pagecache.py`` re-exports it): ``evict`` (fsync, then
+``posix_fadvise(DONTNEED)``), ``resident`` / ``cached`` (``mincore``: asks without reading;
+a ``RWF_NOWAIT`` read would start readahead), ``cache`` (read once), and whether a
 directory's filesystem takes ``O_DIRECT`` at all (tmpfs before Linux 6.6 does not)."""
 
 from __future__ import annotations
@@ -9,9 +11,29 @@ import mmap
 import os
 from collections.abc import Iterable
 
+_libc = ctypes.CDLL(None, use_errno=True)  # libc, loaded already
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+PAGE = mmap.PAGESIZE
+
+
+def files_under(*paths: str) -> list[str]:
+    """Every regular file at or under ``paths`` (missing ones skipped), sorted."""
+    out = []
+    for p in paths:
+        if os.path.isfile(p):
+            out.append(p)
+        elif os.path.isdir(p):
+            for d, _dirs, fs in os.walk(p):
+                out.extend(os.path.join(d, f) for f in fs)
+    return sorted(out)
+
 
 def evict(paths: Iterable[str]) -> None:
-    """Drop each file's pages from the page cache (written back first)."""
+    """fsync each file (dirty pages cannot be dropped), then drop its pages from the cache."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -21,26 +43,46 @@ def evict(paths: Iterable[str]) -> None:
             os.close(fd)
 
 
-def cached(path: str) -> bool:
-    """Whether any page of ``path`` is in the page cache (mincore: asks without reading; a
-    RWF_NOWAIT read would start readahead)."""
+def resident(path: str) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages of ``path``)."""
     size = os.path.getsize(path)
-    pages = -(-size // 4096)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    if size == 0:
+        return 0, 0
+    pages = (size + PAGE - 1) // PAGE
     fd = os.open(path, os.O_RDONLY)
     try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
-        vec = (ctypes.c_ubyte * pages)()
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
         try:
-            assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            return sum(b & 1 for b in vec), pages
         finally:
-            libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
-        return any(v & 1 for v in vec)
+            _libc.munmap(addr, size)
     finally:
         os.close(fd)
+
+
+def resident_all(paths: list[str]) -> tuple[int, int]:
+    """(resident pages, pages) summed over ``paths``."""
+    got = [resident(p) for p in paths]
+    return sum(r for r, _ in got), sum(n for _, n in got)
+
+
+def cached(path: str) -> bool:
+    """Whether any page of ``path`` is in the page cache."""
+    return resident(path)[0] > 0
+
+
+def cache(paths: list[str]) -> None:
+    """Read every byte of each file once (buffered), so it sits in the page cache."""
+    buf = bytearray(8 << 20)
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
 
 
 def direct_supported(root: str) -> bool:
@@ -54,9 +96,4 @@ def direct_supported(root: str) -> bool:
     return True
 
 
-def files_under(root: str) -> list[str]:
-    """Every file under ``root``, sorted."""
-    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
-
-
-__all__ = ["cached", "direct_supported", "evict", "files_under"]
+__all__ = ["PAGE", "cache", "cached", "direct_supported", "evict", "files_under", "resident", "resident_all"]
